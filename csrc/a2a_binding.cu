@@ -1,0 +1,47 @@
+// The module's C ABI: every function flashinfer_a2a exports through tvm-ffi, on one screen.
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/map.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+#include <tvm/ffi/string.h>
+
+namespace flashinfer_a2a {
+
+using tvm::ffi::Array;
+using tvm::ffi::Map;
+using tvm::ffi::Optional;
+using tvm::ffi::String;
+using tvm::ffi::Tensor;
+using tvm::ffi::TensorView;
+
+// workspace.cu
+int64_t GetWorkspaceSize(int64_t ep_size, int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                         int64_t combine_bytes_per_token);
+Array<int64_t> GetDispatchLayout(int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
+                                 int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token,
+                                 int64_t runtime_max_tokens_per_rank, Array<int64_t> payload_row_bytes);
+Map<String, int64_t> GetMetainfoIndexPairs();
+void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens,
+                int64_t top_k, int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token);
+// dispatch.cu
+void Dispatch(TensorView workspace, TensorView topk_ids, Array<Tensor> payloads, TensorView recv_counts,
+              int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
+              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
+              int64_t num_experts, double timeout_s);
+// combine.cu
+void Combine(TensorView workspace, Optional<Tensor> partials, TensorView recv_counts, TensorView out,
+             int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
+             int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
+             double timeout_s);
+void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id);
+
+}  // namespace flashinfer_a2a
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_workspace_size, flashinfer_a2a::GetWorkspaceSize);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_dispatch_layout, flashinfer_a2a::GetDispatchLayout);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_metainfo_index_pairs, flashinfer_a2a::GetMetainfoIndexPairs);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(initialize, flashinfer_a2a::Initialize);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch, flashinfer_a2a::Dispatch);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(combine, flashinfer_a2a::Combine);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(sanitize_expert_ids, flashinfer_a2a::SanitizeExpertIds);

@@ -1,0 +1,130 @@
+// Entry points for combine and sanitize_expert_ids: validate -> device guard -> stream -> fill params -> launch.
+#include <tvm/ffi/optional.h>
+
+#include <flashinfer_a2a/combine.cuh>
+#include <flashinfer_a2a/sanitize.cuh>
+
+#include "kernels.h"
+#include "workspace.h"
+
+namespace flashinfer_a2a {
+
+void PreloadCombineKernels() {
+  A2A_CUDA_CHECK(GetCombineKernelAttributes());
+  A2A_CUDA_CHECK(GetSanitizeKernelAttributes());
+}
+
+namespace {
+
+FloatType CombineFloatType(const TensorView& t, const char* name) {
+  if (IsDType(t, kDLBfloat, 16)) return FloatType::kBFloat16;
+  if (IsDType(t, kDLFloat, 16)) return FloatType::kFloat16;
+  TVM_FFI_CHECK(IsDType(t, kDLFloat, 32), TypeError)
+      << name << " must be bfloat16, float16 or float32, got dtype " << DTypeName(t.dtype());
+  return FloatType::kFloat32;
+}
+
+void CheckRecvCounts(const TensorView& recv_counts, const TensorView& workspace, int64_t ep_size) {
+  TVM_FFI_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
+                ValueError)
+      << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
+  CheckContiguous(recv_counts, "recv_counts");
+  CheckSameDevice(recv_counts, workspace, "recv_counts", "workspace");
+}
+
+}  // namespace
+
+void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials, TensorView recv_counts,
+             TensorView out, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
+             int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
+             double timeout_s) {
+  const WorkspaceConfig config =
+      MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
+  const WorkspaceLayout layout = ComputeLayout(config);
+  CheckRank(ep_rank, ep_size);
+  TVM_FFI_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA tensor";
+  CheckWorkspace(workspace, ep_size, layout.total_bytes);
+  CheckRecvCounts(recv_counts, workspace, ep_size);
+  TVM_FFI_CHECK(runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens, ValueError)
+      << "runtime_max_tokens_per_rank must be in [0, max_num_tokens=" << max_num_tokens << "], got "
+      << runtime_max_tokens_per_rank;
+
+  const FloatType type = CombineFloatType(out, "out");
+  TVM_FFI_CHECK(out.ndim() == 2 && out.size(0) <= runtime_max_tokens_per_rank, ValueError)
+      << "out must be [num_tokens, hidden] with num_tokens <= runtime_max_tokens_per_rank="
+      << runtime_max_tokens_per_rank;
+  CheckContiguous(out, "out");
+  CheckSameDevice(out, workspace, "out", "workspace");
+  const int64_t hidden = out.size(1);
+  const int64_t row_bytes = hidden * ElementBytes(out);
+  TVM_FFI_CHECK(hidden >= 1 && row_bytes <= combine_bytes_per_token, ValueError)
+      << "combine rows of hidden=" << hidden << " need " << row_bytes
+      << " bytes, the workspace was sized for combine_bytes_per_token=" << combine_bytes_per_token;
+  const uint64_t timeout_ns = TimeoutNs(timeout_s);
+
+  uint8_t* base = static_cast<uint8_t*>(BytePtr(workspace));
+  const uint8_t* region = base + ep_rank * workspace.stride(0) + layout.combine_offset;
+  const uint8_t* input = nullptr;
+  if (partials.has_value()) {
+    const tvm::ffi::Tensor in_tensor = partials.value();
+    const TensorView in = in_tensor;
+    TVM_FFI_CHECK(in.dtype() == out.dtype(), TypeError) << "partials must have the dtype of out";
+    TVM_FFI_CHECK(in.ndim() == 3 && in.size(0) == ep_size && in.size(1) == runtime_max_tokens_per_rank &&
+                      in.size(2) == hidden,
+                  ValueError)
+        << "partials must be [ep_size=" << ep_size << ", runtime_max_tokens_per_rank=" << runtime_max_tokens_per_rank
+        << ", hidden=" << hidden << "]";
+    CheckContiguous(in, "partials");
+    CheckSameDevice(in, workspace, "partials", "workspace");
+    // The workspace's own combine region needs no copy: the expert side wrote straight into it.
+    if (BytePtr(in) != region) input = static_cast<const uint8_t*>(BytePtr(in));
+  }
+
+  DeviceGuard guard(workspace.device().device_id);
+  cudaStream_t stream = CurrentStream(workspace);
+  CombineParams params{};
+  params.ranks = Ranks{base, workspace.stride(0), static_cast<int32_t>(ep_rank), static_cast<int32_t>(ep_size)};
+  params.num_tokens = static_cast<int32_t>(out.size(0));
+  params.runtime_max = static_cast<int32_t>(runtime_max_tokens_per_rank);
+  params.route_stride = static_cast<int32_t>(top_k);
+  params.routing_offset = layout.routing_offset;
+  params.combine_offset = layout.combine_offset;
+  params.row_bytes = row_bytes;
+  params.input = input;
+  params.input_vec_bytes = VecBytesFor(row_bytes, reinterpret_cast<uintptr_t>(input), kAlignBytes);
+  params.recv_counts = static_cast<const int32_t*>(BytePtr(recv_counts));
+  params.output = BytePtr(out);
+  params.timeout_ns = timeout_ns;
+  const int pull_vec = VecBytesFor(row_bytes, reinterpret_cast<uintptr_t>(params.output), kAlignBytes);
+  A2A_CUDA_CHECK(LaunchCombine(params, type, pull_vec, NumSMs(workspace.device().device_id), stream));
+}
+
+void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id) {
+  TVM_FFI_CHECK(IsCuda(recv_topk_ids), ValueError) << "recv_topk_ids must be a CUDA tensor";
+  const bool is_int64 = IsDType(recv_topk_ids, kDLInt, 64);
+  TVM_FFI_CHECK(is_int64 || IsDType(recv_topk_ids, kDLInt, 32), TypeError)
+      << "recv_topk_ids must be int32 or int64, got dtype " << DTypeName(recv_topk_ids.dtype());
+  TVM_FFI_CHECK(recv_topk_ids.ndim() == 3, ValueError)
+      << "recv_topk_ids must be [ep_size, runtime_max_tokens_per_rank, top_k]";
+  CheckContiguous(recv_topk_ids, "recv_topk_ids");
+  const int64_t ep_size = recv_topk_ids.size(0);
+  CheckRecvCounts(recv_counts, recv_topk_ids, ep_size);
+  TVM_FFI_CHECK(is_int64 || (invalid_id >= INT32_MIN && invalid_id <= INT32_MAX), ValueError)
+      << "invalid_id=" << invalid_id << " does not fit int32 recv_topk_ids";
+
+  DeviceGuard guard(recv_topk_ids.device().device_id);
+  cudaStream_t stream = CurrentStream(recv_topk_ids);
+  const int num_sms = NumSMs(recv_topk_ids.device().device_id);
+  const auto runtime_max = static_cast<int32_t>(recv_topk_ids.size(1));
+  const auto top_k = static_cast<int32_t>(recv_topk_ids.size(2));
+  const auto* counts = static_cast<const int32_t*>(BytePtr(recv_counts));
+  if (is_int64) {
+    A2A_CUDA_CHECK(LaunchSanitize(static_cast<int64_t*>(BytePtr(recv_topk_ids)), counts, static_cast<int32_t>(ep_size),
+                                  runtime_max, top_k, invalid_id, num_sms, stream));
+  } else {
+    A2A_CUDA_CHECK(LaunchSanitize(static_cast<int32_t*>(BytePtr(recv_topk_ids)), counts, static_cast<int32_t>(ep_size),
+                                  runtime_max, top_k, static_cast<int32_t>(invalid_id), num_sms, stream));
+  }
+}
+
+}  // namespace flashinfer_a2a

@@ -1,0 +1,113 @@
+// Entry points for the workspace: its size, the metainfo (byte offsets of every metadata field and region), and
+// initialize (clears this rank's metadata).
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/map.h>
+#include <tvm/ffi/string.h>
+
+#include <cstddef>
+#include <cstring>
+
+#include "kernels.h"
+#include "workspace.h"
+
+namespace flashinfer_a2a {
+
+namespace {
+
+// X(name, byte offset within a rank's workspace). The index of an entry is its position in this list.
+#define A2A_METAINFO_FIELDS(X, layout)                                                     \
+  X(dispatch_epoch_offset, offsetof(RankMetadata, dispatch_epoch))                         \
+  X(combine_epoch_offset, offsetof(RankMetadata, combine_epoch))                           \
+  X(blocks_done_offset, offsetof(RankMetadata, blocks_done))                               \
+  X(error_code_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, code))        \
+  X(error_phase_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, phase))      \
+  X(error_peer_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, peer))        \
+  X(error_epoch_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, epoch))      \
+  X(error_detail_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, detail))    \
+  X(send_counts_offset, offsetof(RankMetadata, send_counts))                               \
+  X(dispatch_signal_offset, offsetof(RankMetadata, dispatch_signal))                       \
+  X(peer_runtime_max_offset, offsetof(RankMetadata, peer_runtime_max))                     \
+  X(combine_signal_offset, offsetof(RankMetadata, combine_signal))                         \
+  X(metadata_bytes, sizeof(RankMetadata))                                                  \
+  X(routing_offset, (layout).routing_offset)                                               \
+  X(dispatch_offset, (layout).dispatch_offset)                                             \
+  X(combine_offset, (layout).combine_offset)                                               \
+  X(bytes_per_rank, (layout).total_bytes)
+
+#define A2A_COUNT_FIELD(name, value) +1
+constexpr int kNumMetainfo = 0 A2A_METAINFO_FIELDS(A2A_COUNT_FIELD, WorkspaceLayout{});
+#undef A2A_COUNT_FIELD
+
+}  // namespace
+
+int64_t GetWorkspaceSize(int64_t ep_size, int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                         int64_t combine_bytes_per_token) {
+  auto config =
+      MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
+  return ComputeLayout(config).total_bytes;
+}
+
+tvm::ffi::Map<tvm::ffi::String, int64_t> GetMetainfoIndexPairs() {
+  tvm::ffi::Map<tvm::ffi::String, int64_t> pairs;
+  int64_t index = 0;
+#define A2A_ADD_PAIR(name, value) pairs.Set(#name, index++);
+  A2A_METAINFO_FIELDS(A2A_ADD_PAIR, WorkspaceLayout{})
+#undef A2A_ADD_PAIR
+  return pairs;
+}
+
+void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens,
+                int64_t top_k, int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token) {
+  auto config =
+      MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
+  const WorkspaceLayout layout = ComputeLayout(config);
+  CheckRank(ep_rank, ep_size);
+  CheckWorkspace(workspace, ep_size, layout.total_bytes);
+  TVM_FFI_CHECK(IsDType(metainfo, kDLInt, 64) && metainfo.ndim() == 1 && metainfo.size(0) == kNumMetainfo &&
+                    metainfo.IsContiguous() && metainfo.device().device_type == kDLCPU,
+                ValueError)
+      << "metainfo must be a contiguous CPU int64 tensor of shape [" << kNumMetainfo << "]";
+
+  auto* values = static_cast<int64_t*>(BytePtr(metainfo));
+  int64_t index = 0;
+#define A2A_SET_VALUE(name, value) values[index++] = static_cast<int64_t>(value);
+  A2A_METAINFO_FIELDS(A2A_SET_VALUE, layout)
+#undef A2A_SET_VALUE
+
+  // Only this rank's metadata: peers' workspaces are theirs to clear, and their signals may already be in flight
+  // towards ours once every rank has passed the barrier that follows initialization.
+  uint8_t* metadata = static_cast<uint8_t*>(BytePtr(workspace)) + ep_rank * workspace.stride(0);
+  if (workspace.device().device_type == kDLCPU) {
+    std::memset(metadata, 0, sizeof(RankMetadata));
+    return;
+  }
+  TVM_FFI_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA (or CPU) tensor";
+  DeviceGuard guard(workspace.device().device_id);
+  cudaStream_t stream = CurrentStream(workspace);
+  PreloadKernels();
+  A2A_CUDA_CHECK(cudaMemsetAsync(metadata, 0, sizeof(RankMetadata), stream));
+}
+
+}  // namespace flashinfer_a2a
+
+namespace flashinfer_a2a {
+
+tvm::ffi::Array<int64_t> GetDispatchLayout(int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
+                                           int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token,
+                                           int64_t runtime_max_tokens_per_rank,
+                                           tvm::ffi::Array<int64_t> payload_row_bytes) {
+  auto config =
+      MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
+  const int num_payloads = static_cast<int>(payload_row_bytes.size());
+  int64_t row_bytes[kMaxPayloads];
+  CheckPayloadRows(config, runtime_max_tokens_per_rank, payload_row_bytes, row_bytes);
+  int64_t offsets[kMaxPayloads];
+  const WorkspaceLayout layout = ComputeLayout(config);
+  ComputeRecvOffsets(layout, config.ep_size, runtime_max_tokens_per_rank, row_bytes, num_payloads, offsets);
+  tvm::ffi::Array<int64_t> result;
+  for (int p = 0; p < num_payloads; ++p) result.push_back(offsets[p]);
+  result.push_back(layout.combine_offset);
+  return result;
+}
+
+}  // namespace flashinfer_a2a

@@ -1,0 +1,253 @@
+"""Functional API over an explicit workspace tensor ``[ep_size, bytes_per_rank] uint8``.
+
+Row ``r`` of the workspace addresses rank ``r``'s workspace: on one GPU a plain tensor (simulated ranks), across
+processes the peers' memory mapped into this process (symmetric memory). Each call acts as rank ``ep_rank`` and
+runs on the current CUDA stream; all ranks must make the same calls in the same order with the same
+``runtime_max_tokens_per_rank``: dispatch, then combine, then the next dispatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from . import config as _config
+from . import ops
+from .errors import check_error
+
+MAX_EP_SIZE = 72
+MAX_TOP_K = 32
+MAX_PAYLOADS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceConfig:
+    """The sizes a workspace is built for, per rank.
+
+    Args:
+        ep_size: ranks in the expert-parallel group, 1..72.
+        max_num_tokens: most tokens any rank dispatches in one call (``runtime_max_tokens_per_rank`` bound).
+        dispatch_bytes_per_token: sum of the row bytes of every payload dispatched in one call.
+        combine_bytes_per_token: bytes of one combine row (``hidden * element size``).
+        top_k: most experts per token, 1..32 (the routing record holds this many entries per token).
+    """
+
+    ep_size: int
+    max_num_tokens: int
+    dispatch_bytes_per_token: int
+    combine_bytes_per_token: int
+    top_k: int = MAX_TOP_K
+
+    def sizes(self) -> tuple[int, int, int, int, int]:
+        """The size arguments in the order every op takes them."""
+        return (self.ep_size, self.max_num_tokens, self.top_k, self.dispatch_bytes_per_token,
+                self.combine_bytes_per_token)
+
+    @property
+    def bytes_per_rank(self) -> int:
+        return get_workspace_size(*self.sizes())
+
+
+def row_bytes(t: torch.Tensor) -> int:
+    """Bytes of one row of a ``[num_tokens, ...]`` tensor."""
+    return t.element_size() * math.prod(t.shape[1:])
+
+
+@torch.compiler.assume_constant_result
+def get_workspace_size(ep_size: int, max_num_tokens: int, top_k: int, dispatch_bytes_per_token: int,
+                       combine_bytes_per_token: int) -> int:
+    """Bytes of one rank's workspace (metadata, routing record, dispatch and combine regions).
+
+    Memory cost: about ``ep_size * max_num_tokens * (dispatch_bytes_per_token + combine_bytes_per_token)``.
+    A constant under ``torch.compile`` (host arithmetic on static sizes).
+    """
+    return ops.get_workspace_size(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
+
+
+def empty_workspace(ep_size: int, bytes_per_rank: int, device: torch.device | str) -> torch.Tensor:
+    """An uninitialized ``[ep_size, bytes_per_rank] uint8`` workspace on one device, rows 128-byte aligned.
+
+    For simulated ranks (all on one GPU) and for CPU tests of :func:`initialize`; across processes the workspace
+    comes from symmetric memory instead.
+    """
+    if bytes_per_rank % 128:
+        raise ValueError(f"bytes_per_rank must be a multiple of 128, got {bytes_per_rank}")
+    flat = torch.empty(ep_size * bytes_per_rank + 128, dtype=torch.uint8, device=device)
+    skip = -flat.data_ptr() % 128
+    return flat[skip : skip + ep_size * bytes_per_rank].view(ep_size, bytes_per_rank)
+
+
+def get_metainfo_index_pairs() -> dict[str, int]:
+    """Names of the metainfo entries and their index in the tensor :func:`initialize` returns."""
+    index = ops.get_metainfo_index_pairs()
+    return {name: int(index[i]) for i, name in enumerate(ops.METAINFO_NAMES)}
+
+
+def initialize(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig) -> torch.Tensor:
+    """Clears rank ``ep_rank``'s metadata (epochs, signals, error record) on the current stream.
+
+    Every rank must initialize, then pass a barrier, before any rank dispatches. Returns the metainfo: a CPU
+    ``[len(METAINFO_NAMES)] int64`` tensor of byte offsets (see :func:`get_metainfo_index_pairs`).
+    """
+    metainfo = torch.empty(len(ops.METAINFO_NAMES), dtype=torch.int64)
+    ops.initialize(workspace, metainfo, ep_rank, *config.sizes())
+    return metainfo
+
+
+_LAYOUTS: dict[tuple, tuple[int, ...]] = {}
+
+
+@torch.compiler.assume_constant_result  # dynamo calls it at trace time and keeps the result as a constant
+def _layout(sizes: tuple[int, ...], runtime_max: int, payload_row_bytes: tuple[int, ...]) -> tuple[int, ...]:
+    """``(combine_offset, *recv_offsets)`` from the C++ layout, cached per distinct call shape. Plain ints in and
+    out: dynamo passes them through as constants."""
+    key = (sizes, runtime_max, payload_row_bytes)
+    if key not in _LAYOUTS:
+        recv_offsets, combine_offset = ops.dispatch_layout(*sizes, runtime_max, payload_row_bytes)
+        _LAYOUTS[key] = (combine_offset, *recv_offsets)
+    return _LAYOUTS[key]
+
+
+def _view(workspace: torch.Tensor, ep_rank: int, offset: int, shape: Sequence[int], dtype: torch.dtype):
+    nbytes = dtype.itemsize * int(torch.Size(shape).numel())
+    return workspace[ep_rank, offset : offset + nbytes].view(dtype).view(shape)
+
+
+def _timeout(timeout_s: Optional[float]) -> float:
+    return _config.timeout_s() if timeout_s is None else float(timeout_s)
+
+
+def _debug_check(workspace: torch.Tensor, ep_rank: int) -> None:
+    if _config.debug() and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+        check_error(workspace, ep_rank)
+
+
+def _check_topk_ids_on_host(topk_ids: torch.Tensor, num_experts: int) -> None:
+    if topk_ids.numel() == 0:
+        return
+    low, high = int(topk_ids.min()), int(topk_ids.max())
+    if low < -1 or high >= num_experts:
+        bad = low if low < -1 else high
+        raise ValueError(f"topk_ids holds expert id {bad}; valid ids are -1 (no expert) and 0..{num_experts - 1}")
+
+
+def dispatch(
+    workspace: torch.Tensor,
+    ep_rank: int,
+    config: WorkspaceConfig,
+    topk_ids: torch.Tensor,
+    payloads: Sequence[torch.Tensor],
+    runtime_max_tokens_per_rank: int,
+    num_experts: int,
+    *,
+    timeout_s: Optional[float] = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Sends each local token to every distinct rank that owns one of its top-k experts.
+
+    Args:
+        workspace: ``[ep_size, bytes_per_rank] uint8``, row r addressing rank r's workspace.
+        ep_rank: this rank.
+        config: the sizes the workspace was built for.
+        topk_ids: ``[num_tokens, top_k] int32|int64``; -1 means no expert; num_tokens <= runtime_max.
+        payloads: up to 8 tensors ``[num_tokens, ...]`` of any dtype, each row copied unchanged.
+        runtime_max_tokens_per_rank: rows per source rank on the receive side; the same on every rank.
+        num_experts: experts over all ranks (contiguous partition, the first ``num_experts % ep_size`` ranks own
+            one extra).
+        timeout_s: bound on the wait for peers (default ``FLASHINFER_A2A_TIMEOUT_S``).
+
+    Returns:
+        ``(recv_payloads, recv_counts)``: for each payload a zero-copy view ``[ep_size, runtime_max, ...]`` of the
+        workspace (source rank major; rows ``0..recv_counts[src]-1`` valid; valid until the next dispatch), and
+        ``recv_counts`` ``[ep_size] int32`` on the device.
+    """
+    if len(payloads) > MAX_PAYLOADS:
+        raise ValueError(f"payloads: at most {MAX_PAYLOADS} tensors per dispatch, got {len(payloads)}")
+    for i, p in enumerate(payloads):
+        if p.dim() < 1 or p.shape[0] != topk_ids.shape[0]:
+            raise ValueError(f"payloads[{i}] must be [num_tokens={topk_ids.shape[0]}, ...], got {tuple(p.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] > runtime_max_tokens_per_rank:
+        raise ValueError(
+            f"topk_ids must be [num_tokens, top_k] with num_tokens <= runtime_max_tokens_per_rank="
+            f"{runtime_max_tokens_per_rank}, got {tuple(topk_ids.shape)}"
+        )
+    if _config.debug() and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+        _check_topk_ids_on_host(topk_ids, num_experts)
+    rows = tuple(row_bytes(p) for p in payloads)
+    _, *recv_offsets = _layout(config.sizes(), runtime_max_tokens_per_rank, rows)
+    recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
+    ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
+                 runtime_max_tokens_per_rank, num_experts, _timeout(timeout_s))
+    _debug_check(workspace, ep_rank)
+    recv = [
+        _view(workspace, ep_rank, off, (config.ep_size, runtime_max_tokens_per_rank, *p.shape[1:]), p.dtype)
+        for off, p in zip(recv_offsets, payloads)
+    ]
+    return recv, recv_counts
+
+
+def combine_input(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, runtime_max_tokens_per_rank: int,
+                  hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    """The zero-copy combine input: a ``[ep_size, runtime_max, hidden]`` view of this rank's combine region.
+
+    The expert side writes row ``[src, i]`` (the partial of the i-th token received from ``src``) straight here;
+    :func:`combine` with ``partials=None`` then publishes it without a copy.
+    """
+    combine_offset = _layout(config.sizes(), runtime_max_tokens_per_rank, ())[0]
+    return _view(workspace, ep_rank, combine_offset, (config.ep_size, runtime_max_tokens_per_rank, hidden), dtype)
+
+
+def combine(
+    workspace: torch.Tensor,
+    ep_rank: int,
+    config: WorkspaceConfig,
+    recv_counts: torch.Tensor,
+    num_tokens: int,
+    runtime_max_tokens_per_rank: int,
+    partials: Optional[torch.Tensor] = None,
+    *,
+    out: Optional[torch.Tensor] = None,
+    hidden: Optional[int] = None,
+    dtype: Optional[torch.dtype] = None,
+    timeout_s: Optional[float] = None,
+) -> torch.Tensor:
+    """Sums, for each local token, the partials of the distinct ranks it was sent to.
+
+    ``out[t] = sum over ranks r (increasing) of partial(t, r)``, accumulated in fp32 and cast to the output dtype:
+    bitwise reproducible whatever the arrival order.
+
+    Args:
+        recv_counts: ``[ep_size] int32`` from the matching dispatch.
+        num_tokens: local tokens of the matching dispatch.
+        runtime_max_tokens_per_rank: as passed to the matching dispatch.
+        partials: ``[ep_size, runtime_max, hidden] bf16|fp16|fp32`` expert outputs (row ``[src, i]`` for the i-th
+            token received from src), or None when they were written into :func:`combine_input` (zero copy).
+        out: optional ``[num_tokens, hidden]`` output of the partials' dtype.
+        hidden, dtype: the combine row shape when neither ``partials`` nor ``out`` gives it.
+
+    Returns:
+        ``[num_tokens, hidden]``.
+    """
+    if partials is not None:
+        hidden, dtype = partials.shape[-1], partials.dtype
+    elif out is not None:
+        hidden, dtype = out.shape[-1], out.dtype
+    if hidden is None or dtype is None:
+        raise ValueError("combine: pass partials, out, or hidden and dtype for the zero-copy combine input")
+    if out is None:
+        out = torch.empty(num_tokens, hidden, dtype=dtype, device=workspace.device)
+    elif tuple(out.shape) != (num_tokens, hidden):
+        raise ValueError(f"out must be [num_tokens={num_tokens}, hidden={hidden}], got {tuple(out.shape)}")
+    ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
+                _timeout(timeout_s))
+    _debug_check(workspace, ep_rank)
+    return out
+
+
+def sanitize_expert_ids(recv_topk_ids: torch.Tensor, recv_counts: torch.Tensor, invalid_id: int = -1) -> None:
+    """Fills, in place, the rows of ``recv_topk_ids`` ``[ep_size, runtime_max, top_k] int32|int64`` at index
+    ``>= recv_counts[src]`` in each source block with ``invalid_id``, so expert kernels can run on the padded shape.
+    """
+    ops.sanitize_expert_ids(recv_topk_ids, recv_counts, invalid_id)

@@ -1,0 +1,173 @@
+"""The torch boundary: every ``flashinfer_a2a::<name>`` op, each with its fake implementation directly below it.
+
+Ops are defined through ``torch.library.Library`` with explicit schemas: the ``(a!)`` annotations name every tensor
+an op writes (the workspace included), which is what ``torch.compile`` and CUDA-graph capture rely on. The
+implementations call the tvm-ffi module, which builds on first use (never at import).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from .jit import get_a2a_module
+
+_LIB = torch.library.Library("flashinfer_a2a", "DEF")
+
+# Names of the metainfo entries (byte offsets within a rank's workspace), in the order of the index tensor that
+# ``get_metainfo_index_pairs`` returns. The C++ side defines the indices; the op checks both sides agree.
+METAINFO_NAMES = (
+    "dispatch_epoch_offset",
+    "combine_epoch_offset",
+    "blocks_done_offset",
+    "error_code_offset",
+    "error_phase_offset",
+    "error_peer_offset",
+    "error_epoch_offset",
+    "error_detail_offset",
+    "send_counts_offset",
+    "dispatch_signal_offset",
+    "peer_runtime_max_offset",
+    "combine_signal_offset",
+    "metadata_bytes",
+    "routing_offset",
+    "dispatch_offset",
+    "combine_offset",
+    "bytes_per_rank",
+)
+
+
+class Op:
+    """A registered op: calling it goes through the torch dispatcher (``torch.ops.flashinfer_a2a.<name>``)."""
+
+    def __init__(self, name: str, impl: Callable) -> None:
+        self.name = name
+        self.impl = impl
+        self.overload = getattr(torch.ops.flashinfer_a2a, name).default
+
+    def __call__(self, *args, **kwargs):
+        return self.overload(*args, **kwargs)
+
+    def register_fake(self, fake: Callable) -> Callable:
+        torch.library.register_fake(f"flashinfer_a2a::{self.name}", fake, lib=_LIB)
+        return fake
+
+
+def register(schema: str, dispatch_key: str = "CompositeExplicitAutograd") -> Callable[[Callable], Op]:
+    """Defines ``flashinfer_a2a::<schema>`` and registers the decorated function as its implementation.
+
+    ``torch.library.Library.impl`` costs less per call than ``torch.library.custom_op`` (which wraps every call in
+    Python-side checks), and it really registers: the op exists for the dispatcher, FakeTensor and torch.compile.
+    """
+
+    def wrap(impl: Callable) -> Op:
+        name = schema.split("(", 1)[0]
+        _LIB.define(schema)
+        _LIB.impl(name, impl, dispatch_key)
+        return Op(name, impl)
+
+    return wrap
+
+
+_SIZES = "int ep_size, int max_num_tokens, int top_k, int dispatch_bytes_per_token, int combine_bytes_per_token"
+
+
+@register(f"get_workspace_size({_SIZES}) -> int")
+def get_workspace_size(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token):
+    module = get_a2a_module()
+    return int(
+        module.get_workspace_size(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
+    )
+
+
+@get_workspace_size.register_fake
+def _get_workspace_size_fake(*sizes):
+    return get_workspace_size.impl(*sizes)  # host arithmetic: the fake computes what the real op does
+
+
+@register("get_metainfo_index_pairs() -> Tensor")
+def get_metainfo_index_pairs():
+    pairs = dict(get_a2a_module().get_metainfo_index_pairs())
+    if set(pairs) != set(METAINFO_NAMES):
+        raise RuntimeError(f"metainfo names differ between C++ ({sorted(pairs)}) and Python ({METAINFO_NAMES})")
+    return torch.tensor([pairs[name] for name in METAINFO_NAMES], dtype=torch.int64)
+
+
+@get_metainfo_index_pairs.register_fake
+def _get_metainfo_index_pairs_fake():
+    return torch.empty(len(METAINFO_NAMES), dtype=torch.int64)
+
+
+@register(f"initialize(Tensor(a!) workspace, Tensor(b!) metainfo, int ep_rank, {_SIZES}) -> ()")
+def initialize(workspace, metainfo, ep_rank, *sizes):
+    get_a2a_module().initialize(workspace, metainfo, ep_rank, *sizes)
+
+
+@initialize.register_fake
+def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
+    return None
+
+
+@register(
+    "dispatch(Tensor(a!) workspace, Tensor topk_ids, Tensor[] payloads, Tensor(b!) recv_counts, int ep_rank, "
+    f"{_SIZES}, int runtime_max_tokens_per_rank, int num_experts, float timeout_s) -> ()",
+    dispatch_key="CUDA",
+)
+def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, *sizes_and_args):
+    get_a2a_module().dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *sizes_and_args)
+
+
+@dispatch.register_fake
+def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, *sizes_and_args):
+    return None
+
+
+@register(
+    "combine(Tensor(a!) workspace, Tensor? partials, Tensor recv_counts, Tensor(b!) out, int ep_rank, "
+    f"{_SIZES}, int runtime_max_tokens_per_rank, float timeout_s) -> ()",
+    dispatch_key="CUDA",
+)
+def combine(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args):
+    get_a2a_module().combine(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args)
+
+
+@combine.register_fake
+def _combine_fake(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args):
+    return None
+
+
+@register("sanitize_expert_ids(Tensor(a!) recv_topk_ids, Tensor recv_counts, int invalid_id) -> ()", "CUDA")
+def sanitize_expert_ids(recv_topk_ids, recv_counts, invalid_id):
+    get_a2a_module().sanitize_expert_ids(recv_topk_ids, recv_counts, invalid_id)
+
+
+@sanitize_expert_ids.register_fake
+def _sanitize_expert_ids_fake(recv_topk_ids, recv_counts, invalid_id):
+    return None
+
+
+def dispatch_layout(
+    ep_size: int,
+    max_num_tokens: int,
+    top_k: int,
+    dispatch_bytes_per_token: int,
+    combine_bytes_per_token: int,
+    runtime_max_tokens_per_rank: int,
+    payload_row_bytes: Sequence[int],
+) -> tuple[list[int], int]:
+    """Byte offsets, within a rank's workspace, of each payload's receive region and of the combine region.
+
+    Host arithmetic from the C++ layout (Python never re-derives offsets); not an op, since it returns no tensor.
+    """
+    offsets = get_a2a_module().get_dispatch_layout(
+        ep_size,
+        max_num_tokens,
+        top_k,
+        dispatch_bytes_per_token,
+        combine_bytes_per_token,
+        runtime_max_tokens_per_rank,
+        [int(b) for b in payload_row_bytes],
+    )
+    offsets = [int(o) for o in offsets]
+    return offsets[:-1], offsets[-1]

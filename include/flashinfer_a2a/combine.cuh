@@ -1,0 +1,240 @@
+// Combine: every rank publishes its experts' partial outputs in its own workspace; each token's owner pulls the
+// partials of the ranks it sent the token to and sums them in increasing rank order, in fp32.
+//
+// Two kernels, because a kernel whose blocks all spin on peers could hold every multiprocessor while a peer
+// simulated on the same GPU still needs one to publish:
+//  1. CombinePublishKernel: copies the caller's partials into this rank's combine region (skipped when the expert
+//     side wrote them there: zero copy); the last block to finish releases this rank's epoch to every peer, then
+//     waits (bounded) until every peer has published — after which no peer still reads this epoch's dispatch data.
+//  2. CombinePullKernel: one warp per (token, 32-vector piece of hidden); loads every source first, then adds.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "protocol.cuh"
+
+namespace flashinfer_a2a {
+
+constexpr int kCombineThreads = 256;
+constexpr int kCombineWarps = kCombineThreads / 32;
+
+struct CombineParams {
+  Ranks ranks;
+  int32_t num_tokens;   // local tokens of the matching dispatch
+  int32_t runtime_max;  // runtime_max_tokens_per_rank of the matching dispatch
+  int32_t route_stride; // columns of the routing record
+  int64_t routing_offset;
+  int64_t combine_offset;      // combine region within every rank's workspace
+  int64_t row_bytes;           // hidden * element bytes
+  const uint8_t* input;        // [ep_size, runtime_max, hidden] to publish; null when already in the region
+  int32_t input_vec_bytes;     // vector width for copying `input`
+  const int32_t* recv_counts;  // [ep_size] valid rows per source block of `input`
+  void* output;                // [num_tokens, hidden]
+  uint64_t timeout_ns;
+};
+
+template <int kVec>
+__device__ __forceinline__ void CopyRow(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  using Vec = typename VecOf<kVec>::Type;
+  for (int64_t off = lane * kVec; off < bytes; off += 32 * kVec) {
+    *reinterpret_cast<Vec*>(dst + off) = *reinterpret_cast<const Vec*>(src + off);
+  }
+}
+
+__device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src, int64_t bytes, int vec, int lane) {
+  switch (vec) {
+    case 16: CopyRow<16>(dst, src, bytes, lane); break;
+    case 8: CopyRow<8>(dst, src, bytes, lane); break;
+    case 4: CopyRow<4>(dst, src, bytes, lane); break;
+    case 2: CopyRow<2>(dst, src, bytes, lane); break;
+    default: CopyRow<1>(dst, src, bytes, lane); break;
+  }
+}
+
+__global__ void __launch_bounds__(kCombineThreads) CombinePublishKernel(const __grid_constant__ CombineParams p) {
+  const int ep_size = p.ranks.ep_size;
+  RankMetadata* meta = p.ranks.MyMeta();
+  if (HasFatalError(meta)) return;  // set by earlier kernels only: all blocks agree
+  const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->combine_epoch) + 1;
+
+  if (p.input != nullptr) {
+    const int warp = blockIdx.x * kCombineWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+    uint8_t* region = p.ranks.Base(p.ranks.ep_rank) + p.combine_offset;
+    const int64_t rows = static_cast<int64_t>(ep_size) * p.runtime_max;
+    for (int64_t row = warp; row < rows; row += static_cast<int64_t>(gridDim.x) * kCombineWarps) {
+      if (row % p.runtime_max >= p.recv_counts[row / p.runtime_max]) continue;
+      CopyRowAnyWidth(region + row * p.row_bytes, p.input + row * p.row_bytes, p.row_bytes, p.input_vec_bytes, lane);
+    }
+  }
+
+  if (!ArriveLastBlock(&meta->blocks_done)) return;
+  for (int r = threadIdx.x; r < ep_size; r += kCombineThreads) {
+    StoreReleaseSys(&p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank], epoch);
+  }
+  for (int src = threadIdx.x; src < ep_size; src += kCombineThreads) {
+    const bool arrived =
+        WaitUntil([&] { return EpochReached(LoadAcquireSys(&meta->combine_signal[src]), epoch); }, p.timeout_ns);
+    if (!arrived) RecordError(meta, ErrorCode::kTimeout, Phase::kCombine, src, epoch, 0);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    meta->blocks_done = 0;
+    meta->combine_epoch = epoch;
+  }
+}
+
+template <typename T>
+struct FloatConvert;
+template <>
+struct FloatConvert<float> {
+  static __device__ __forceinline__ float ToFloat(float x) { return x; }
+  static __device__ __forceinline__ float FromFloat(float x) { return x; }
+};
+template <>
+struct FloatConvert<__nv_bfloat16> {
+  static __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 FromFloat(float x) { return __float2bfloat16_rn(x); }
+};
+template <>
+struct FloatConvert<__half> {
+  static __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half FromFloat(float x) { return __float2half_rn(x); }
+};
+
+constexpr int kCombineLoadBatch = 8;  // partials loaded before the first add: up to 8 NVLink reads in flight
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kCombineThreads) CombinePullKernel(const __grid_constant__ CombineParams p) {
+  using Vec = typename VecOf<kVec>::Type;
+  constexpr int kElems = kVec / sizeof(T);
+  const int lane = threadIdx.x % 32;
+  const int64_t piece_bytes = 32 * kVec;
+  const int pieces = static_cast<int>((p.row_bytes + piece_bytes - 1) / piece_bytes);
+  const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
+  const bool failed = HasFatalError(p.ranks.MyMeta());
+  const int32_t* routing =
+      reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
+  const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
+
+  for (int64_t item = blockIdx.x * kCombineWarps + threadIdx.x / 32; item < items;
+       item += static_cast<int64_t>(gridDim.x) * kCombineWarps) {
+    const int64_t t = item / pieces;
+    const int64_t off = (item % pieces) * piece_bytes + lane * kVec;
+    const int32_t entry = (!failed && lane < p.route_stride) ? routing[t * p.route_stride + lane] : -1;
+    const int num_sources = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
+    const bool active = off < p.row_bytes;  // the row's last piece may not need every lane
+
+    float acc[kElems];
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) acc[e] = 0.0f;
+    for (int j0 = 0; j0 < num_sources; j0 += kCombineLoadBatch) {
+      Vec loaded[kCombineLoadBatch];
+#pragma unroll
+      for (int j = 0; j < kCombineLoadBatch; ++j) {
+        const int32_t e = __shfl_sync(0xffffffffu, entry, (j0 + j) & 31);
+        if (active && j0 + j < num_sources) {
+          const int rank = RouteRank(e);
+          const int64_t slot = RouteSlot(e);
+          const uint8_t* src =
+              p.ranks.Base(rank) + p.combine_offset + (src_block + slot) * p.row_bytes + off;
+          loaded[j] = *reinterpret_cast<const Vec*>(src);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kCombineLoadBatch; ++j) {
+        if (active && j0 + j < num_sources) {
+          const T* v = reinterpret_cast<const T*>(&loaded[j]);
+#pragma unroll
+          for (int e = 0; e < kElems; ++e) acc[e] += FloatConvert<T>::ToFloat(v[e]);
+        }
+      }
+    }
+    if (!active) continue;
+    Vec out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) o[e] = FloatConvert<T>::FromFloat(acc[e]);
+    *reinterpret_cast<Vec*>(static_cast<uint8_t*>(p.output) + t * p.row_bytes + off) = out;
+  }
+}
+
+enum class FloatType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// Calls fn.template operator()<T, kVec>() for the element type and vector width.
+template <typename Fn>
+inline cudaError_t DispatchPullKernel(FloatType type, int vec_bytes, Fn&& fn) {
+  switch (type) {
+    case FloatType::kBFloat16:
+      switch (vec_bytes) {
+        case 16: return fn.template operator()<__nv_bfloat16, 16>();
+        case 8: return fn.template operator()<__nv_bfloat16, 8>();
+        case 4: return fn.template operator()<__nv_bfloat16, 4>();
+        default: return fn.template operator()<__nv_bfloat16, 2>();
+      }
+    case FloatType::kFloat16:
+      switch (vec_bytes) {
+        case 16: return fn.template operator()<__half, 16>();
+        case 8: return fn.template operator()<__half, 8>();
+        case 4: return fn.template operator()<__half, 4>();
+        default: return fn.template operator()<__half, 2>();
+      }
+    default:
+      switch (vec_bytes) {
+        case 16: return fn.template operator()<float, 16>();
+        case 8: return fn.template operator()<float, 8>();
+        default: return fn.template operator()<float, 4>();
+      }
+  }
+}
+
+struct PullLauncher {
+  const CombineParams& p;
+  int blocks;
+  cudaStream_t stream;
+  template <typename T, int kVec>
+  cudaError_t operator()() const {
+    CombinePullKernel<T, kVec><<<blocks, kCombineThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+};
+
+struct PullPreloader {
+  template <typename T, int kVec>
+  cudaError_t operator()() const {
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, CombinePullKernel<T, kVec>);
+  }
+};
+
+// pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes.
+inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
+                                 cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(p.ranks.ep_size) * p.runtime_max;
+  const int publish_blocks =
+      p.input == nullptr ? 1 : static_cast<int>(std::min<int64_t>(num_sms * 2, (rows + kCombineWarps - 1) / kCombineWarps));
+  CombinePublishKernel<<<std::max(publish_blocks, 1), kCombineThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || p.num_tokens == 0) return err;
+  const int64_t pieces = (p.row_bytes + 32 * pull_vec_bytes - 1) / (32 * pull_vec_bytes);
+  const int64_t warps = static_cast<int64_t>(p.num_tokens) * pieces;
+  const int pull_blocks = static_cast<int>(std::min<int64_t>(num_sms * 8, (warps + kCombineWarps - 1) / kCombineWarps));
+  return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, stream});
+}
+
+inline cudaError_t GetCombineKernelAttributes() {
+  cudaFuncAttributes attr;
+  cudaError_t err = cudaFuncGetAttributes(&attr, CombinePublishKernel);
+  for (FloatType type : {FloatType::kFloat32, FloatType::kBFloat16, FloatType::kFloat16}) {
+    for (int vec : {16, 8, 4, 2}) {
+      if (err == cudaSuccess) err = DispatchPullKernel(type, vec, PullPreloader{});
+    }
+  }
+  return err;
+}
+
+}  // namespace flashinfer_a2a

@@ -1,0 +1,263 @@
+// Dispatch: push each local token to every distinct rank that holds one of its top-k experts.
+//
+// One kernel, three steps per block:
+//  1. route: slots are deterministic — token t's slot on rank r is the number of earlier local tokens also sent to
+//     r. Each block owns a contiguous chunk of tokens and counts the tokens before it itself (no block waits on
+//     another, so nothing depends on the order blocks are scheduled in), then ranks its own chunk with ballots.
+//     The (rank, slot) list of each token goes into the routing record for combine.
+//  2. copy: warps copy row pieces, loading each source vector once and storing it to every target rank.
+//  3. the last block to finish (by a completion counter, not by block index) publishes to every peer the token
+//     count with a system-scope release, then waits — bounded — for every peer's count for this epoch.
+// Only one block per rank ever spins, so ranks simulated on one GPU (each on its own stream) cannot starve each
+// other of multiprocessors.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "protocol.cuh"
+
+namespace flashinfer_a2a {
+
+constexpr int kDispatchThreads = 512;
+constexpr int kDispatchWarps = kDispatchThreads / 32;
+constexpr int kDispatchPieceVectors = 4;  // vectors per lane per piece: 4 independent 16-byte loads in flight
+
+struct DispatchParams {
+  Ranks ranks;
+  int32_t num_tokens;   // local tokens, <= runtime_max
+  int32_t runtime_max;  // runtime_max_tokens_per_rank: rows per source block on the receiver
+  int32_t top_k;        // columns of topk_ids
+  int32_t route_stride; // columns of the routing record (the workspace's top_k capacity)
+  int32_t num_experts;
+  const void* topk_ids;  // [num_tokens, top_k] int32|int64
+  int32_t num_payloads;
+  int32_t pieces_per_token;  // sum of pieces[p]
+  const uint8_t* payload[kMaxPayloads];  // [num_tokens, row_bytes[p]]
+  int64_t row_bytes[kMaxPayloads];
+  int64_t recv_offset[kMaxPayloads];  // receive region of payload p within every rank's workspace
+  int32_t vec_bytes[kMaxPayloads];
+  int32_t pieces[kMaxPayloads];       // ceil(row_bytes / (32 * kDispatchPieceVectors * vec_bytes))
+  int64_t routing_offset;
+  int32_t* recv_counts;  // [ep_size] out: tokens received from each source rank
+  uint64_t timeout_ns;
+};
+
+__device__ __forceinline__ uint32_t LaneMaskLt() {
+  uint32_t mask;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));
+  return mask;
+}
+
+// Copies piece `piece` of token t's row of payload pp to each of the `num_targets` (rank, slot) entries held by
+// lanes 0..num_targets-1 in `entry`.
+template <int kVec>
+__device__ __forceinline__ void CopyPiece(const DispatchParams& p, int pp, int piece, int64_t t, int32_t entry,
+                                          int num_targets, int lane) {
+  using Vec = typename VecOf<kVec>::Type;
+  const int64_t row = p.row_bytes[pp];
+  const int64_t begin = static_cast<int64_t>(piece) * 32 * kDispatchPieceVectors * kVec;
+  const uint8_t* src = p.payload[pp] + t * row;
+  Vec v[kDispatchPieceVectors];
+#pragma unroll
+  for (int u = 0; u < kDispatchPieceVectors; ++u) {
+    const int64_t off = begin + (u * 32 + lane) * kVec;
+    if (off < row) v[u] = *reinterpret_cast<const Vec*>(src + off);
+  }
+  const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
+  for (int j = 0; j < num_targets; ++j) {
+    const int32_t e = __shfl_sync(0xffffffffu, entry, j);
+    const int rank = RouteRank(e);
+    const int64_t slot = RouteSlot(e);
+    uint8_t* dst = p.ranks.Base(rank) + p.recv_offset[pp] + (src_block + slot) * row;
+#pragma unroll
+    for (int u = 0; u < kDispatchPieceVectors; ++u) {
+      const int64_t off = begin + (u * 32 + lane) * kVec;
+      if (off < row) *reinterpret_cast<Vec*>(dst + off) = v[u];
+    }
+  }
+}
+
+__device__ __forceinline__ void DispatchCopyPiece(const DispatchParams& p, int pp, int piece, int64_t t,
+                                                  int32_t entry, int num_targets, int lane) {
+  switch (p.vec_bytes[pp]) {
+    case 16: CopyPiece<16>(p, pp, piece, t, entry, num_targets, lane); break;
+    case 8: CopyPiece<8>(p, pp, piece, t, entry, num_targets, lane); break;
+    case 4: CopyPiece<4>(p, pp, piece, t, entry, num_targets, lane); break;
+    case 2: CopyPiece<2>(p, pp, piece, t, entry, num_targets, lane); break;
+    default: CopyPiece<1>(p, pp, piece, t, entry, num_targets, lane); break;
+  }
+}
+
+// Step 1: routing of this block's chunk [t0, t1). Returns, in s_base, the slots used per rank by tokens < t1.
+template <typename IdT>
+__device__ __forceinline__ void RouteChunk(const DispatchParams& p, const ExpertPartition& part, uint32_t epoch,
+                                           int t0, int t1, int32_t* s_base, int32_t (*s_warp)[kMaxRanks],
+                                           uint32_t (*s_ballot)[kMaxRanks]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int ep_size = p.ranks.ep_size;
+  const IdT* ids = static_cast<const IdT*>(p.topk_ids);
+  RankMetadata* meta = p.ranks.MyMeta();
+  int32_t* routing = reinterpret_cast<int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
+
+  // Tokens before the chunk: per-warp counts only, order-free. Invalid ids are reported by the chunk owning them.
+  for (int r = lane; r < ep_size; r += 32) s_warp[warp][r] = 0;
+  __syncwarp();
+  for (int tile = 0; tile < t0; tile += kDispatchThreads) {
+    const int t = tile + threadIdx.x;
+    RankMask mask = {};
+    if (t < t0) mask = TokenRanks(ids, t, p.top_k, part, nullptr, epoch);
+    for (int r = 0; r < ep_size; ++r) {
+      const uint32_t bal = __ballot_sync(0xffffffffu, mask.Has(r));
+      if (lane == 0) s_warp[warp][r] += __popc(bal);
+    }
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
+    int32_t sum = 0;
+    for (int w = 0; w < kDispatchWarps; ++w) sum += s_warp[w][r];
+    s_base[r] = sum;
+  }
+  __syncthreads();
+
+  // The chunk, one token per thread per tile: slot = base + earlier warps' count + earlier lanes' count.
+  for (int tile = t0; tile < t1; tile += kDispatchThreads) {
+    const int t = tile + threadIdx.x;
+    RankMask mask = {};
+    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, meta, epoch);
+    for (int r = 0; r < ep_size; ++r) {
+      const uint32_t bal = __ballot_sync(0xffffffffu, mask.Has(r));
+      if (lane == 0) {
+        s_ballot[warp][r] = bal;
+        s_warp[warp][r] = __popc(bal);
+      }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
+      int32_t running = s_base[r];
+      for (int w = 0; w < kDispatchWarps; ++w) {
+        const int32_t count = s_warp[w][r];
+        s_warp[w][r] = running;
+        running += count;
+      }
+      s_base[r] = running;
+    }
+    __syncthreads();
+    if (t < t1) {
+      int k = 0;
+      for (int word = 0; word < kRankMaskWords; ++word) {
+        for (uint32_t bits = mask.words[word]; bits != 0; bits &= bits - 1) {
+          const int r = word * 32 + __ffs(bits) - 1;
+          const int32_t slot = s_warp[warp][r] + __popc(s_ballot[warp][r] & LaneMaskLt());
+          routing[static_cast<int64_t>(t) * p.route_stride + k++] = (r << kRouteSlotBits) | slot;
+        }
+      }
+      if (k < p.route_stride) routing[static_cast<int64_t>(t) * p.route_stride + k] = -1;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename IdT>
+__global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __grid_constant__ DispatchParams p) {
+  __shared__ int32_t s_base[kMaxRanks];
+  __shared__ int32_t s_warp[kDispatchWarps][kMaxRanks];
+  __shared__ uint32_t s_ballot[kDispatchWarps][kMaxRanks];
+  const int ep_size = p.ranks.ep_size;
+  RankMetadata* meta = p.ranks.MyMeta();
+
+  // A protocol error from an earlier call leaves peers out of step: do nothing until re-initialized. Only earlier
+  // kernels set it (this one does so after every block has passed here), so all blocks agree.
+  if (HasFatalError(meta)) {
+    if (blockIdx.x == 0)
+      for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) p.recv_counts[r] = 0;
+    return;
+  }
+  const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->dispatch_epoch) + 1;
+  const ExpertPartition part(p.num_experts, ep_size);
+
+  const int chunk = (p.num_tokens + gridDim.x - 1) / gridDim.x;
+  const int t0 = min(p.num_tokens, static_cast<int>(blockIdx.x) * chunk);
+  const int t1 = min(p.num_tokens, t0 + chunk);
+  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_warp, s_ballot);
+  if (blockIdx.x == gridDim.x - 1) {  // its chunk ends at num_tokens: s_base holds the totals
+    for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) meta->send_counts[r] = s_base[r];
+  }
+
+  // Step 2: copy. The routing entries this block wrote are visible to it after the barrier in RouteChunk.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* routing =
+      reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
+  const int items = (t1 - t0) * p.pieces_per_token;
+  for (int item = warp; item < items; item += kDispatchWarps) {
+    const int64_t t = t0 + item / p.pieces_per_token;
+    int piece = item % p.pieces_per_token;
+    int pp = 0;
+    while (piece >= p.pieces[pp]) piece -= p.pieces[pp++];
+    const int32_t entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
+    const int num_targets = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
+    DispatchCopyPiece(p, pp, piece, t, entry, num_targets, lane);
+  }
+
+  // Step 3: the last block publishes counts and waits for every peer's.
+  if (!ArriveLastBlock(&meta->blocks_done)) return;
+  for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
+    const uint32_t count = *reinterpret_cast<volatile int32_t*>(&meta->send_counts[r]);
+    RankMetadata* peer = p.ranks.Meta(r);
+    *reinterpret_cast<volatile int32_t*>(&peer->peer_runtime_max[p.ranks.ep_rank]) = p.runtime_max;
+    StoreReleaseSys(&peer->dispatch_signal[p.ranks.ep_rank], (static_cast<uint64_t>(epoch) << 32) | count);
+  }
+  for (int src = threadIdx.x; src < ep_size; src += kDispatchThreads) {
+    uint64_t signal = 0;
+    const bool arrived = WaitUntil(
+        [&] {
+          signal = LoadAcquireSys(&meta->dispatch_signal[src]);
+          return EpochReached(static_cast<uint32_t>(signal >> 32), epoch);
+        },
+        p.timeout_ns);
+    int32_t count = 0;
+    if (!arrived) {
+      RecordError(meta, ErrorCode::kTimeout, Phase::kDispatch, src, epoch, 0);
+    } else {
+      const int32_t peer_max = *reinterpret_cast<volatile int32_t*>(&meta->peer_runtime_max[src]);
+      if (peer_max != p.runtime_max) {
+        RecordError(meta, ErrorCode::kRuntimeMaxMismatch, Phase::kDispatch, src, epoch, peer_max);
+      } else {
+        count = static_cast<int32_t>(signal & 0xffffffffu);
+      }
+    }
+    p.recv_counts[src] = count;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    meta->blocks_done = 0;
+    meta->dispatch_epoch = epoch;
+  }
+}
+
+// Blocks for a dispatch of num_tokens: one chunk per multiprocessor at most, never an empty last chunk.
+inline int DispatchGridSize(int num_tokens, int num_sms) {
+  if (num_tokens <= 0) return 1;
+  const int chunk = (num_tokens + num_sms - 1) / num_sms;
+  return (num_tokens + chunk - 1) / chunk;
+}
+
+inline cudaError_t LaunchDispatch(const DispatchParams& p, bool ids_int64, int num_sms, cudaStream_t stream) {
+  const int blocks = DispatchGridSize(p.num_tokens, num_sms);
+  if (ids_int64) {
+    DispatchKernel<int64_t><<<blocks, kDispatchThreads, 0, stream>>>(p);
+  } else {
+    DispatchKernel<int32_t><<<blocks, kDispatchThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+inline cudaError_t GetDispatchKernelAttributes() {
+  cudaFuncAttributes attr;
+  cudaError_t err = cudaFuncGetAttributes(&attr, DispatchKernel<int32_t>);
+  if (err != cudaSuccess) return err;
+  return cudaFuncGetAttributes(&attr, DispatchKernel<int64_t>);
+}
+
+}  // namespace flashinfer_a2a

@@ -1,0 +1,158 @@
+// Device-side protocol pieces shared by the dispatch and combine kernels: addressing a rank's workspace, the error
+// record, expert -> rank routing, grid completion and the bounded spin-wait.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ptx.cuh"
+#include "workspace_layout.cuh"
+
+namespace flashinfer_a2a {
+
+// Where the ranks' workspaces are: row r of a [ep_size, bytes_per_rank] view addresses rank r's workspace, whether
+// all rows live on one GPU (simulated ranks) or are peers' memory mapped into this address space.
+struct Ranks {
+  uint8_t* workspace;
+  int64_t bytes_per_rank;
+  int32_t ep_rank;
+  int32_t ep_size;
+
+  __device__ __forceinline__ uint8_t* Base(int rank) const { return workspace + rank * bytes_per_rank; }
+  __device__ __forceinline__ RankMetadata* Meta(int rank) const {
+    return reinterpret_cast<RankMetadata*>(Base(rank));
+  }
+  __device__ __forceinline__ RankMetadata* MyMeta() const { return Meta(ep_rank); }
+};
+
+// Fatal errors leave the ranks out of step until the workspace is re-initialized; an invalid expert id does not.
+__host__ __device__ constexpr bool IsFatal(int32_t code) {
+  return code == static_cast<int32_t>(ErrorCode::kTimeout) ||
+         code == static_cast<int32_t>(ErrorCode::kRuntimeMaxMismatch);
+}
+
+// Records the first error on this rank, except that a fatal error replaces a non-fatal one: the record then names
+// what stopped the ranks.
+__device__ inline void RecordError(RankMetadata* meta, ErrorCode code, Phase phase, int peer, uint32_t epoch,
+                                   int64_t detail) {
+  const int32_t wanted = static_cast<int32_t>(code);
+  int32_t seen = 0;
+  while (true) {
+    const int32_t prev = atomicCAS(&meta->error.code, seen, wanted);
+    if (prev == seen) break;                          // ours
+    if (IsFatal(prev) || !IsFatal(wanted)) return;    // keep the earlier record
+    seen = prev;                                      // replace a non-fatal record with this fatal one
+  }
+  meta->error.phase = static_cast<int32_t>(phase);
+  meta->error.peer = peer;
+  meta->error.epoch = epoch;
+  meta->error.detail = detail;
+  __threadfence();
+}
+
+__device__ __forceinline__ bool HasFatalError(const RankMetadata* meta) {
+  return IsFatal(*reinterpret_cast<const volatile int32_t*>(&meta->error.code));
+}
+
+// Set of ranks (bit r = rank r), enough words for kMaxRanks.
+constexpr int kRankMaskWords = (kMaxRanks + 31) / 32;
+// Words are picked with selects, never indexed at run time, so a mask stays in registers.
+static_assert(kRankMaskWords == 3, "RankMask::Word picks among three words");
+struct RankMask {
+  uint32_t words[kRankMaskWords];
+  __device__ __forceinline__ uint32_t Word(int r) const { return r < 32 ? words[0] : r < 64 ? words[1] : words[2]; }
+  __device__ __forceinline__ bool Has(int r) const { return (Word(r) >> (r & 31)) & 1u; }
+  __device__ __forceinline__ void Add(int r) {
+    const uint32_t bit = 1u << (r & 31);
+    if (r < 32) {
+      words[0] |= bit;
+    } else if (r < 64) {
+      words[1] |= bit;
+    } else {
+      words[2] |= bit;
+    }
+  }
+};
+
+// Expert -> owning rank for a contiguous partition where the first `num_experts % ep_size` ranks own one extra.
+struct ExpertPartition {
+  int32_t num_experts;
+  int32_t base;       // num_experts / ep_size (may be 0)
+  int32_t remainder;  // num_experts % ep_size
+
+  __host__ __device__ ExpertPartition(int32_t num_experts_, int32_t ep_size)
+      : num_experts(num_experts_), base(num_experts_ / ep_size), remainder(num_experts_ % ep_size) {}
+
+  // Requires 0 <= expert < num_experts.
+  __device__ __forceinline__ int RankOf(int expert) const {
+    const int big = remainder * (base + 1);  // experts owned by the ranks with one extra
+    return expert < big ? expert / (base + 1) : remainder + (expert - big) / base;
+  }
+};
+
+// The distinct ranks of token t's top-k experts. An id outside [-1, num_experts) is recorded as an error against
+// this rank (unless meta is null) and skipped: it is never routed anywhere.
+template <typename IdT>
+__device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, int top_k, const ExpertPartition& part,
+                                               RankMetadata* meta, uint32_t epoch) {
+  RankMask mask = {};
+  for (int k = 0; k < top_k; ++k) {
+    const int64_t id = static_cast<int64_t>(topk_ids[t * top_k + k]);
+    if (id == -1) continue;
+    if (id < -1 || id >= part.num_experts) {
+      if (meta != nullptr) RecordError(meta, ErrorCode::kInvalidExpertId, Phase::kDispatch, -1, epoch, t * top_k + k);
+      continue;
+    }
+    const int r = part.RankOf(static_cast<int>(id));
+    mask.Add(r);
+  }
+  return mask;
+}
+
+__device__ __forceinline__ int RouteRank(int32_t entry) { return entry >> kRouteSlotBits; }
+__device__ __forceinline__ int32_t RouteSlot(int32_t entry) { return entry & ((1 << kRouteSlotBits) - 1); }
+
+// Number of routing entries of a token, with lane k holding entry k (-1 for lanes past the record's width). The
+// list ends at the first -1 (entries after it are left over from earlier dispatches) or at an entry that cannot
+// come from a dispatch of this shape: a combine without its dispatch reads nothing outside the workspaces.
+__device__ __forceinline__ int CountRoutes(int32_t entry, int ep_size, int runtime_max) {
+  const bool ends = entry < 0 || RouteRank(entry) >= ep_size || RouteSlot(entry) >= runtime_max;
+  const uint32_t ended = __ballot_sync(0xffffffffu, ends);
+  return ended == 0 ? 32 : __ffs(ended) - 1;
+}
+
+// Grid completion: every block calls this once after its stores; exactly one block (the last to arrive, whichever
+// it is) gets true. The fence before the count publishes the block's stores, including remote ones, at system
+// scope; the fence after it makes every block's stores visible to the last one before it signals peers.
+__device__ __forceinline__ bool ArriveLastBlock(uint32_t* blocks_done) {
+  __shared__ bool is_last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    FenceAcqRelSys();
+    is_last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
+    if (is_last) FenceAcqRelSys();
+  }
+  __syncthreads();
+  return is_last;
+}
+
+// True when epoch `seen` has reached `wanted` (wrap-safe).
+__device__ __forceinline__ bool EpochReached(uint32_t seen, uint32_t wanted) {
+  return static_cast<int32_t>(seen - wanted) >= 0;
+}
+
+// Spins until `ready()` or the timeout. Returns false on timeout.
+template <typename Ready>
+__device__ __forceinline__ bool WaitUntil(Ready ready, uint64_t timeout_ns) {
+  if (ready()) return true;
+  const uint64_t start = GlobalTimerNs();
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+    }
+    if (GlobalTimerNs() - start > timeout_ns) return ready();
+  }
+}
+
+}  // namespace flashinfer_a2a

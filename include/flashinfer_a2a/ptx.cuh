@@ -1,0 +1,73 @@
+// PTX helpers: system-scope release/acquire for cross-GPU signals, the global timer, vector copies.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashinfer_a2a {
+
+__device__ __forceinline__ void StoreReleaseSys(uint64_t* addr, uint64_t value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(addr), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ void StoreReleaseSys(uint32_t* addr, uint32_t value) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ uint64_t LoadAcquireSys(const uint64_t* addr) {
+  uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(addr) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* addr) {
+  uint32_t value;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(addr) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+// Nanoseconds; the same clock on every GPU of a node is not assumed: only differences on one GPU are used.
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A vector of kBytes bytes, moved with one load and one store instruction.
+template <int kBytes>
+struct VecOf;
+template <>
+struct VecOf<16> {
+  using Type = uint4;
+};
+template <>
+struct VecOf<8> {
+  using Type = uint2;
+};
+template <>
+struct VecOf<4> {
+  using Type = uint32_t;
+};
+template <>
+struct VecOf<2> {
+  using Type = uint16_t;
+};
+template <>
+struct VecOf<1> {
+  using Type = uint8_t;
+};
+
+// Largest power-of-two vector width (<= 16 bytes) dividing every value: row sizes and base addresses.
+__host__ __device__ inline int VecBytesFor(uint64_t a, uint64_t b, uint64_t c) {
+  const uint64_t x = a | b | c;
+  if (x % 16 == 0) return 16;
+  if (x % 8 == 0) return 8;
+  if (x % 4 == 0) return 4;
+  if (x % 2 == 0) return 2;
+  return 1;
+}
+
+}  // namespace flashinfer_a2a

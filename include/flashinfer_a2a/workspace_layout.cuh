@@ -1,0 +1,108 @@
+// The per-rank workspace layout: the single definition of where everything lives.
+//
+// Each rank owns one workspace of `bytes_per_rank` bytes, mapped into every peer's address space:
+//
+//   [ RankMetadata | routing record | dispatch receive region | combine region ]
+//
+// - RankMetadata: epochs, the grid-completion counter, the error record (written by this rank), and the signal
+//   slots peers store into (indexed by the writer's rank).
+// - routing record: [max_num_tokens, top_k] int32, written by this rank's dispatch and read by its combine. Entry
+//   (t, k) packs (rank << kRouteSlotBits) | slot for the k-th distinct target rank of local token t in increasing
+//   rank order; -1 ends the list.
+// - dispatch receive region: payload p of the current dispatch is received into [ep_size, runtime_max, row_bytes_p]
+//   (source rank major), each payload starting on a 128-byte boundary.
+// - combine region: [ep_size, runtime_max, combine_row_bytes], the expert outputs peers pull during combine.
+//
+// Plain C++ (no CUDA runtime calls): the host entry points and the kernels include it alike.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flashinfer_a2a {
+
+constexpr int kMaxRanks = 72;      // one GB200 NVL72 NVLink domain
+constexpr int kMaxTopK = 32;
+constexpr int kMaxPayloads = 8;
+constexpr int64_t kAlignBytes = 128;  // a full L2 line: peers' signal slots and regions never share one by accident
+constexpr int kRouteSlotBits = 24;    // slots < 2^24 tokens per rank; ranks < 2^7 in the bits above
+
+enum class ErrorCode : int32_t {
+  kNone = 0,
+  kTimeout = 1,             // a spin-wait on `peer` expired
+  kInvalidExpertId = 2,     // a top-k id outside [-1, num_experts); detail = flat index into topk_ids
+  kRuntimeMaxMismatch = 3,  // `peer` dispatched with another runtime_max_tokens_per_rank; detail = its value
+};
+
+enum class Phase : int32_t { kNone = 0, kDispatch = 1, kCombine = 2 };
+
+// First error seen on this rank. Kernels skip every wait once `code` is set, so one lost peer costs one timeout,
+// not one per call; re-initializing the workspace clears it.
+struct ErrorRecord {
+  int32_t code;   // ErrorCode
+  int32_t phase;  // Phase
+  int32_t peer;   // the rank involved, -1 if none
+  uint32_t epoch;
+  int64_t detail;
+};
+
+struct alignas(kAlignBytes) RankMetadata {
+  // Written by this rank only.
+  alignas(kAlignBytes) uint32_t dispatch_epoch;  // dispatches completed since initialize
+  uint32_t combine_epoch;                        // combines completed since initialize
+  uint32_t blocks_done;                          // completion counter of the running kernel; 0 between launches
+  alignas(kAlignBytes) ErrorRecord error;
+  alignas(kAlignBytes) int32_t send_counts[kMaxRanks];  // tokens sent to each rank by the running dispatch
+  // Written by peers, indexed by the writing rank.
+  alignas(kAlignBytes) uint64_t dispatch_signal[kMaxRanks];  // (epoch << 32) | tokens that rank sent here
+  alignas(kAlignBytes) int32_t peer_runtime_max[kMaxRanks];  // its runtime_max_tokens_per_rank, before the signal
+  alignas(kAlignBytes) uint32_t combine_signal[kMaxRanks];   // epoch whose combine input that rank has published
+};
+
+constexpr int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// The sizes a workspace is built for (all per rank).
+struct WorkspaceConfig {
+  int32_t ep_size;
+  int64_t max_num_tokens;            // most tokens any rank dispatches in one call
+  int32_t top_k;                     // most experts per token
+  int64_t dispatch_bytes_per_token;  // sum of the row bytes of every dispatched payload
+  int64_t combine_bytes_per_token;   // row bytes of one combine partial (hidden * element size)
+};
+
+struct WorkspaceLayout {
+  int64_t metadata_offset;
+  int64_t routing_offset;
+  int64_t dispatch_offset;
+  int64_t combine_offset;
+  int64_t total_bytes;
+};
+
+inline WorkspaceLayout ComputeLayout(const WorkspaceConfig& c) {
+  WorkspaceLayout l{};
+  l.metadata_offset = 0;
+  l.routing_offset = AlignUp(static_cast<int64_t>(sizeof(RankMetadata)), kAlignBytes);
+  const int64_t routing_bytes = c.max_num_tokens * c.top_k * static_cast<int64_t>(sizeof(int32_t));
+  l.dispatch_offset = AlignUp(l.routing_offset + routing_bytes, kAlignBytes);
+  // Each payload starts on a 128-byte boundary: at most kAlignBytes of padding after each of kMaxPayloads.
+  const int64_t dispatch_bytes =
+      c.ep_size * c.max_num_tokens * c.dispatch_bytes_per_token + kMaxPayloads * kAlignBytes;
+  l.combine_offset = AlignUp(l.dispatch_offset + dispatch_bytes, kAlignBytes);
+  const int64_t combine_bytes = c.ep_size * c.max_num_tokens * c.combine_bytes_per_token;
+  l.total_bytes = AlignUp(l.combine_offset + combine_bytes, kAlignBytes);
+  return l;
+}
+
+// Byte offsets (within a rank's workspace) of each payload's receive region for one dispatch call.
+// Fits inside the dispatch region whenever runtime_max <= max_num_tokens and sum(row_bytes) <=
+// dispatch_bytes_per_token.
+inline void ComputeRecvOffsets(const WorkspaceLayout& l, int32_t ep_size, int64_t runtime_max,
+                               const int64_t* row_bytes, int num_payloads, int64_t* offsets) {
+  int64_t offset = l.dispatch_offset;
+  for (int p = 0; p < num_payloads; ++p) {
+    offsets[p] = offset;
+    offset = AlignUp(offset + ep_size * runtime_max * row_bytes[p], kAlignBytes);
+  }
+}
+
+}  // namespace flashinfer_a2a

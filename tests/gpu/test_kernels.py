@@ -1,0 +1,62 @@
+"""Dispatch, combine and sanitize on simulated ranks against the reference: rows and counts exact, combine bitwise."""
+
+import random
+
+import pytest
+import torch
+
+from .cases import Case, run_case
+
+TOP_KS = (1, 2, 4, 6, 8, 9, 16)
+HIDDENS = (128, 2880, 4096, 7168, 7169)  # 7169 bf16: rows of 14338 bytes, not a multiple of 16
+
+
+@pytest.mark.parametrize("ep_size", (1, 2, 4, 8))
+@pytest.mark.parametrize("top_k", TOP_KS)
+def test_matrix(ep_size, top_k):
+    rng = random.Random()
+    hidden = HIDDENS[(ep_size + top_k) % len(HIDDENS)]
+    num_experts = max(top_k, ep_size) * rng.choice((1, 2, 4)) + rng.choice((0, 1, 3))  # often not divisible
+    runtime_max = rng.choice((1, 7, 64, 300))
+    tokens = [rng.randint(0, runtime_max) for _ in range(ep_size)]
+    tokens[rng.randrange(ep_size)] = 0 if ep_size > 1 else tokens[0]
+    case = Case(ep_size, top_k, hidden, num_experts, tokens, runtime_max,
+                id_dtype=rng.choice((torch.int32, torch.int64)), minus_one_frac=rng.choice((0.0, 0.2)),
+                distinct=rng.random() < 0.7, zero_copy=rng.random() < 0.5, caller_out=rng.random() < 0.5)
+    run_case(case)
+
+
+@pytest.mark.parametrize("hidden", HIDDENS)
+@pytest.mark.parametrize("combine_dtype", (torch.bfloat16, torch.float16, torch.float32))
+def test_hidden_sizes(hidden, combine_dtype):
+    run_case(Case(4, 8, hidden, 64, [33, 0, 128, 5], 128, combine_dtype=combine_dtype))
+
+
+def test_all_tokens_to_one_expert():
+    run_case(Case(8, 4, 4096, 64, [256] * 8, 256, skew=float("inf")))
+
+
+def test_several_experts_of_a_token_on_one_rank():
+    # 16 experts on 8 ranks, top-8: most tokens have 2+ experts on some rank, each rank receives them once.
+    run_case(Case(8, 8, 2880, 16, [100, 3, 77, 0, 1, 64, 99, 100], 100, id_dtype=torch.int64))
+
+
+@pytest.mark.parametrize("num_payloads", range(1, 9))
+def test_payload_counts_and_dtypes(num_payloads):
+    extras = [((128,), torch.float8_e4m3fn), ((56,), torch.float32), ((1,), torch.int32), ((7,), torch.uint8),
+              ((3, 5), torch.float16), ((), torch.float32)]
+    # hidden first, then topk ids, then extras
+    case = Case(4, 6, 2880, 32, [17, 64, 0, 40], 64, extra_payloads=extras[: max(num_payloads - 2, 0)],
+                with_ids=num_payloads >= 2)
+    run_case(case)
+
+
+def test_expert_count_below_ep_size():
+    run_case(Case(8, 2, 128, 3, [10, 20, 30, 40, 0, 1, 2, 3], 40))
+
+
+def test_workspace_reused_across_many_rounds():
+    sim = run_case(Case(4, 8, 1024, 32, [50, 50, 50, 50], 64))
+    for _ in range(5):
+        rng = random.Random()
+        run_case(Case(4, 8, 1024, 32, [rng.randint(0, 64) for _ in range(4)], 64), sim=sim)

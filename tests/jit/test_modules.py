@@ -1,0 +1,83 @@
+"""The real flashinfer_a2a_ops module: JIT-built for sm_90a and sm_100a with no GPU, loaded through tvm-ffi."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from flashinfer_a2a import config
+from flashinfer_a2a.jit import A2A_SOURCES, all_specs, gen_a2a_module, get_a2a_module
+from .jit_testing import REPO
+
+
+def cuobjdump() -> str:
+    """cuobjdump on PATH, in the toolkit, or from the nvidia-cuda-cuobjdump wheel (nvidia/<cuXX>/bin)."""
+    candidates = [shutil.which("cuobjdump"), str(config.cuda_home() / "bin" / "cuobjdump")]
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec else []:
+        candidates += sorted(str(p) for p in Path(root).glob("*/bin/cuobjdump"))
+    for c in candidates:
+        if c and os.access(c, os.X_OK):
+            return c
+    raise AssertionError("no cuobjdump: pip install nvidia-cuda-cuobjdump (the test extra has it)")
+
+
+def test_spec_lists_the_sources_from_the_checkout():
+    spec = gen_a2a_module()
+    assert spec.name == "flashinfer_a2a_ops"
+    assert spec.sources == tuple(REPO / "csrc" / s for s in A2A_SOURCES)
+    assert all(s.is_file() for s in spec.sources)
+    assert [s.name for s in all_specs()] == ["flashinfer_a2a_ops"]
+
+
+def test_builds_and_loads_without_a_gpu(a2a_env):
+    module = a2a_env.spec.load()
+    # DeepSeek-V3 sizes: 8 ranks, 256 tokens per rank, top-8, bf16 hidden of 7168.
+    size = module.get_workspace_size(8, 256, 8, 7168 * 2, 7168 * 2)
+    assert size > 8 * 256 * 7168 * 2 * 2
+    assert module.get_workspace_size(8, 512, 8, 7168 * 2, 7168 * 2) > size
+
+
+def test_library_carries_sm90a_and_sm100a_code(a2a_env):
+    listing = subprocess.run(
+        [cuobjdump(), "--list-elf", str(a2a_env.library)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "sm_90a" in listing
+    assert "sm_100a" in listing
+
+
+def test_second_build_does_nothing(a2a_env):
+    build_ninja = a2a_env.build_dir / "build.ninja"
+    written = build_ninja.stat().st_mtime_ns
+    start = time.monotonic()
+    assert a2a_env.spec.build() is False
+    assert time.monotonic() - start < 2.0
+    assert build_ninja.stat().st_mtime_ns == written, "build.ninja is rewritten only when its content changes"
+
+
+def test_get_a2a_module_loads_once(a2a_env):
+    get_a2a_module.cache_clear()
+    try:
+        module = get_a2a_module()
+        assert get_a2a_module() is module
+        assert module.get_workspace_size(1, 16, 2, 256, 256) > 0
+    finally:
+        # Later tests must not inherit a module loaded from this session's private cache.
+        get_a2a_module.cache_clear()
+
+
+def test_import_compiles_nothing(tmp_path):
+    env = {
+        **os.environ,
+        "FLASHINFER_A2A_CUDA_ARCH_LIST": "9.0a",
+        "FLASHINFER_A2A_CACHE_DIR": str(tmp_path / "cache"),
+        "CUDA_HOME": str(tmp_path / "no_cuda"),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    subprocess.run([sys.executable, "-c", "import flashinfer_a2a, flashinfer_a2a.jit"], env=env, check=True)
+    assert not (tmp_path / "cache").exists()

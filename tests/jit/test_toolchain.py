@@ -1,0 +1,57 @@
+"""Sources, include dirs and flags shared by every module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tvm_ffi.libinfo
+
+from flashinfer_a2a.jit import toolchain
+from .jit_testing import REPO
+
+
+def test_checkout_sources_win_over_the_packaged_copy():
+    assert toolchain.source_root() == REPO
+    assert toolchain.csrc_dir() == REPO / "csrc"
+    assert (toolchain.include_dir() / "flashinfer_a2a" / "workspace_layout.cuh").is_file()
+
+
+def test_gencode_per_arch():
+    assert toolchain.gencode_flags(["9.0a", "10.0a", "12.0"]) == [
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-gencode=arch=compute_100a,code=sm_100a",
+        "-gencode=arch=compute_120,code=sm_120",
+    ]
+
+
+def test_cuda_cflags(tmp_path):
+    flags = toolchain.cuda_cflags(["9.0a", "10.0a"], [tmp_path], ["-DEXTRA"])
+    for flag in ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG", "--threads=2", "-DEXTRA"):
+        assert flag in flags
+    assert flags[flags.index("-Xcompiler") + 1] == "-fPIC"
+    includes = [Path(f[2:]) for f in flags if f.startswith("-I")]
+    # Extra dirs first (they may shadow package headers), then the package's, tvm-ffi's and CUTLASS's, once each.
+    assert includes[:3] == [tmp_path, REPO / "include", REPO / "csrc"]
+    assert Path(tvm_ffi.libinfo.find_include_path()) in includes
+    assert Path(tvm_ffi.libinfo.find_dlpack_include_path()) in includes
+    assert includes[-1] == toolchain.cutlass_include_dir()
+    assert len(includes) == len(set(includes))
+
+
+def test_cutlass_headers_are_found():
+    assert (toolchain.cutlass_include_dir() / "cutlass" / "cutlass.h").is_file()
+
+
+def test_ldflags_link_cudart_statically():
+    flags = toolchain.ldflags(["-lextra"])
+    assert "-lcudart_static" in flags and "-lcudart" not in flags
+    assert "-ltvm_ffi" in flags
+    assert f"-Wl,-rpath,{toolchain.tvm_ffi_lib_dir()}" in flags
+    assert flags[-1] == "-lextra"
+
+
+def test_missing_nvcc_says_how_to_point_at_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    with pytest.raises(RuntimeError, match="CUDA_HOME.*PATH"):
+        toolchain.nvcc()
