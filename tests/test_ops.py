@@ -1,0 +1,154 @@
+"""The torch ops on CPU: sizes and metainfo against an independent computation, fakes under FakeTensorMode and
+torch.compile(fullgraph=True). Builds the library (no GPU needed); the kernels themselves run in tests/gpu."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import flashinfer_a2a as fa
+from flashinfer_a2a import ops
+from flashinfer_a2a.functional import empty_workspace
+
+pytestmark = pytest.mark.usefixtures("a2a_env")
+
+
+def _align(x, a=128):
+    return (x + a - 1) // a * a
+
+
+# RankMetadata written out by hand: (field, bytes), each block 128-byte aligned, sized for 72 ranks.
+_META_BLOCKS = [("epochs", 3 * 4), ("error", 4 * 4 + 8), ("send_counts", 72 * 4), ("dispatch_signal", 72 * 8),
+                ("peer_runtime_max", 72 * 4), ("combine_signal", 72 * 4)]
+
+
+def _expected(ep_size, max_tokens, top_k, dispatch_bytes, combine_bytes):
+    offsets, at = {}, 0
+    for name, size in _META_BLOCKS:
+        offsets[name] = at
+        at += _align(size)
+    routing = at
+    dispatch = _align(routing + max_tokens * top_k * 4)
+    combine = _align(dispatch + ep_size * max_tokens * dispatch_bytes + 8 * 128)
+    total = _align(combine + ep_size * max_tokens * combine_bytes)
+    return offsets, {"metadata_bytes": at, "routing_offset": routing, "dispatch_offset": dispatch,
+                     "combine_offset": combine, "bytes_per_rank": total}
+
+
+SIZES = [(1, 1, 1, 0, 0), (2, 128, 8, 7168 * 2 + 8 * 4 + 8 * 4, 7168 * 2), (8, 4096, 8, 7168 + 56 * 4, 14336),
+         (72, 16384, 32, 2880 * 2, 2880 * 2), (72, 1, 22, 1, 1), (5, 333, 9, 8193, 8194)]
+
+
+@pytest.mark.parametrize("sizes", SIZES)
+def test_workspace_size_and_metainfo(sizes):
+    offsets, regions = _expected(*sizes)
+    assert fa.get_workspace_size(*sizes) == regions["bytes_per_rank"]
+    ep_size = sizes[0]
+    if ep_size * regions["bytes_per_rank"] > 256 << 20:
+        return  # the metainfo of the large shapes would need a workspace this machine cannot hold
+    workspace = empty_workspace(ep_size, regions["bytes_per_rank"], "cpu").fill_(0x5A)
+    config = fa.WorkspaceConfig(ep_size, sizes[1], sizes[3], sizes[4], top_k=sizes[2])
+    metainfo = fa.initialize(workspace, ep_size - 1, config)
+    index = fa.get_metainfo_index_pairs()
+    got = {name: int(metainfo[i]) for name, i in index.items()}
+    for name, value in regions.items():
+        assert got[name] == value, name
+    assert got["error_code_offset"] == offsets["error"]
+    assert got["send_counts_offset"] == offsets["send_counts"]
+    assert got["dispatch_signal_offset"] == offsets["dispatch_signal"]
+    assert got["peer_runtime_max_offset"] == offsets["peer_runtime_max"]
+    assert got["combine_signal_offset"] == offsets["combine_signal"]
+    # initialize cleared exactly this rank's metadata
+    assert torch.all(workspace[ep_size - 1, : regions["metadata_bytes"]] == 0)
+    assert torch.all(workspace[ep_size - 1, regions["metadata_bytes"] :] == 0x5A)
+    assert torch.all(workspace[: ep_size - 1] == 0x5A)
+
+
+def test_dispatch_layout_packs_payloads_inside_the_dispatch_region():
+    config = fa.WorkspaceConfig(4, 64, 100 + 3 + 4096, 512, top_k=8)
+    offsets, combine = ops.dispatch_layout(*config.sizes(), 50, [100, 3, 4096])
+    _, regions = _expected(*config.sizes())
+    assert offsets[0] == regions["dispatch_offset"]
+    assert offsets[1] == _align(offsets[0] + 4 * 50 * 100) and offsets[2] == _align(offsets[1] + 4 * 50 * 3)
+    assert offsets[2] + 4 * 50 * 4096 <= regions["combine_offset"] == combine
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [((0, 8, 8, 16, 16), "ep_size"), ((73, 8, 8, 16, 16), "ep_size"), ((2, 0, 8, 16, 16), "max_num_tokens"),
+     ((2, 8, 33, 16, 16), "top_k"), ((2, 8, 8, -1, 16), "dispatch_bytes_per_token")],
+)
+def test_bad_sizes_name_the_argument(args, message):
+    with pytest.raises(ValueError, match=message):
+        ops.get_workspace_size(*args)
+
+
+def test_dispatch_layout_rejects_oversized_payloads():
+    config = fa.WorkspaceConfig(2, 8, 64, 64, top_k=2)
+    with pytest.raises(ValueError, match="dispatch_bytes_per_token=64"):
+        ops.dispatch_layout(*config.sizes(), 8, [64, 1])
+    with pytest.raises(ValueError, match="runtime_max_tokens_per_rank"):
+        ops.dispatch_layout(*config.sizes(), 9, [64])
+
+
+def test_ops_under_fake_tensor_mode():
+    config = fa.WorkspaceConfig(2, 16, 64, 64, top_k=4)
+    with FakeTensorMode():
+        workspace = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8)
+        metainfo = torch.empty(len(ops.METAINFO_NAMES), dtype=torch.int64)
+        assert ops.initialize(workspace, metainfo, 0, *config.sizes()) is None
+        index = ops.get_metainfo_index_pairs()
+        assert index.shape == (len(ops.METAINFO_NAMES),) and index.dtype == torch.int64
+        assert ops.get_workspace_size(*config.sizes()) == config.bytes_per_rank
+
+
+def _graph_targets(captured):
+    return {str(node.target) for gm in captured for node in gm.graph.nodes if node.op == "call_function"}
+
+
+def _capturing_backend(captured):
+    def backend(gm, example_inputs):
+        captured.append(gm)
+        return gm.forward
+
+    return backend
+
+
+def test_initialize_compiles_fullgraph_on_cpu():
+    config = fa.WorkspaceConfig(2, 16, 64, 64, top_k=4)
+
+    def setup(workspace, metainfo):
+        ops.initialize(workspace, metainfo, 1, *config.sizes())
+        return metainfo + fa.get_workspace_size(*config.sizes()) + ops.get_metainfo_index_pairs()
+
+    captured = []
+    workspace = empty_workspace(2, config.bytes_per_rank, "cpu").fill_(7)
+    metainfo = torch.empty(len(ops.METAINFO_NAMES), dtype=torch.int64)
+    got = torch.compile(setup, fullgraph=True, backend=_capturing_backend(captured))(workspace, metainfo)
+    assert "flashinfer_a2a.initialize.default" in _graph_targets(captured)
+    eager_metainfo = fa.initialize(empty_workspace(2, config.bytes_per_rank, "cpu"), 1, config)
+    index = ops.get_metainfo_index_pairs()
+    assert torch.equal(got, eager_metainfo + config.bytes_per_rank + index)
+    assert torch.all(workspace[1, :2048] == 0) and torch.all(workspace[0] == 7)
+
+
+def test_dispatch_sanitize_combine_fakes_trace_fullgraph():
+    """The whole layer traced by dynamo with fake kernels (meta tensors: no GPU here)."""
+    hidden, top_k, runtime_max = 256, 4, 16
+    config = fa.WorkspaceConfig(2, 16, hidden * 2 + top_k * 8, hidden * 2, top_k=top_k)
+
+    def layer(workspace, ids, x):
+        (recv_x, recv_ids), counts = fa.dispatch(workspace, 0, config, ids, [x, ids], runtime_max, 8)
+        fa.sanitize_expert_ids(recv_ids, counts, -1)
+        partial = (recv_x.float() * 2).to(torch.bfloat16)
+        return fa.combine(workspace, 0, config, counts, ids.shape[0], runtime_max, partial), recv_ids
+
+    workspace = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8, device="meta")
+    ids = torch.empty(10, top_k, dtype=torch.int64, device="meta")
+    x = torch.empty(10, hidden, dtype=torch.bfloat16, device="meta")
+    captured = []
+    out, recv_ids = torch.compile(layer, fullgraph=True, backend=_capturing_backend(captured))(workspace, ids, x)
+    assert out.shape == (10, hidden) and out.dtype == torch.bfloat16
+    assert recv_ids.shape == (2, runtime_max, top_k) and recv_ids.dtype == torch.int64
+    targets = _graph_targets(captured)
+    for op in ("dispatch", "sanitize_expert_ids", "combine"):
+        assert f"flashinfer_a2a.{op}.default" in targets
