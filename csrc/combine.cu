@@ -40,10 +40,7 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
              double timeout_s) {
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
-  const WorkspaceLayout layout = ComputeLayout(config);
-  CheckRank(ep_rank, ep_size);
-  TVM_FFI_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA tensor";
-  CheckWorkspace(workspace, ep_size, layout.total_bytes);
+  const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
   CheckRecvCounts(recv_counts, workspace, ep_size);
   TVM_FFI_CHECK(runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens, ValueError)
       << "runtime_max_tokens_per_rank must be in [0, max_num_tokens=" << max_num_tokens << "], got "

@@ -28,10 +28,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
               int64_t num_experts, double timeout_s) {
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
-  const WorkspaceLayout layout = ComputeLayout(config);
-  CheckRank(ep_rank, ep_size);
-  TVM_FFI_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA tensor";
-  CheckWorkspace(workspace, ep_size, layout.total_bytes);
+  const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
 
   TVM_FFI_CHECK(IsDType(topk_ids, kDLInt, 32) || IsDType(topk_ids, kDLInt, 64), TypeError)
       << "topk_ids must be int32 or int64, got dtype " << DTypeName(topk_ids.dtype());

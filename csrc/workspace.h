@@ -27,6 +27,16 @@ inline WorkspaceConfig MakeWorkspaceConfig(int64_t ep_size, int64_t max_num_toke
 
 namespace flashinfer_a2a {
 
+// Checks the CUDA workspace of a dispatch or combine acting as rank ep_rank; returns its layout.
+inline WorkspaceLayout CheckCudaWorkspace(const TensorView& workspace, int64_t ep_rank,
+                                          const WorkspaceConfig& config) {
+  const WorkspaceLayout layout = ComputeLayout(config);
+  CheckRank(ep_rank, config.ep_size);
+  TVM_FFI_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA tensor";
+  CheckWorkspace(workspace, config.ep_size, layout.total_bytes);
+  return layout;
+}
+
 // Checks a dispatch's runtime_max and payload row sizes against the workspace's sizes; copies the row sizes out.
 template <typename RowBytes>
 inline void CheckPayloadRows(const WorkspaceConfig& config, int64_t runtime_max, const RowBytes& payload_row_bytes,

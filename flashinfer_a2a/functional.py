@@ -8,6 +8,7 @@ runs on the current CUDA stream; all ranks must make the same calls in the same 
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 from typing import Optional, Sequence
@@ -120,8 +121,19 @@ def _timeout(timeout_s: Optional[float]) -> float:
     return _config.timeout_s() if timeout_s is None else float(timeout_s)
 
 
+# Set while one process launches several ranks' calls (simulated ranks): a host sync after one rank's call would
+# wait on kernels that wait on ranks not launched yet, so the debug check runs once all are launched.
+DEFER_DEBUG_CHECKS = contextvars.ContextVar("flashinfer_a2a_defer_debug_checks", default=False)
+
+
+def debug_checks_due() -> bool:
+    """Whether the eager debug check (``FLASHINFER_A2A_DEBUG``) should run now."""
+    return (_config.debug() and not DEFER_DEBUG_CHECKS.get() and not torch.compiler.is_compiling()
+            and not torch.cuda.is_current_stream_capturing())
+
+
 def _debug_check(workspace: torch.Tensor, ep_rank: int) -> None:
-    if _config.debug() and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+    if debug_checks_due():
         check_error(workspace, ep_rank)
 
 
@@ -174,7 +186,7 @@ def dispatch(
             f"{runtime_max_tokens_per_rank}, got {tuple(topk_ids.shape)}"
         )
     if _config.debug() and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
-        _check_topk_ids_on_host(topk_ids, num_experts)
+        _check_topk_ids_on_host(topk_ids, num_experts)  # waits on this rank's stream only: never on peers
     rows = tuple(row_bytes(p) for p in payloads)
     _, *recv_offsets = _layout(config.sizes(), runtime_max_tokens_per_rank, rows)
     recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)

@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 import torch
 
 from . import functional as F
+from .errors import check_error
 
 T = TypeVar("T")
 
@@ -41,17 +42,25 @@ class SimulatedRanks:
 
     def run(self, fn: Callable[[int], T], ranks: Optional[Sequence[int]] = None) -> list[T]:
         """Calls ``fn(rank)`` for each rank on that rank's stream (after the current stream's work), then makes
-        the current stream wait for every rank's stream."""
+        the current stream wait for every rank's stream. With ``FLASHINFER_A2A_DEBUG`` the ranks' error records
+        are checked once all ranks' calls are launched (a check after each call would stall the others)."""
         ranks = range(self.ep_size) if ranks is None else ranks
         current = torch.cuda.current_stream(self.device)
         results = []
-        for rank in ranks:
-            stream = self.streams[rank]
-            stream.wait_stream(current)
-            with torch.cuda.stream(stream):
-                results.append(fn(rank))
+        token = F.DEFER_DEBUG_CHECKS.set(True)
+        try:
+            for rank in ranks:
+                stream = self.streams[rank]
+                stream.wait_stream(current)
+                with torch.cuda.stream(stream):
+                    results.append(fn(rank))
+        finally:
+            F.DEFER_DEBUG_CHECKS.reset(token)
         for rank in ranks:
             current.wait_stream(self.streams[rank])
+        if F.debug_checks_due():
+            for rank in ranks:
+                check_error(self.workspace, rank)
         return results
 
     def dispatch(self, topk_ids: Sequence[torch.Tensor], payloads: Sequence[Sequence[torch.Tensor]],

@@ -214,10 +214,11 @@ struct PullPreloader {
 // pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes.
 inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
                                  cudaStream_t stream) {
+  // Zero copy needs one block (the signal); a copy gets a warp per row, up to two blocks per multiprocessor.
   const int64_t rows = static_cast<int64_t>(p.ranks.ep_size) * p.runtime_max;
-  const int publish_blocks =
-      p.input == nullptr ? 1 : static_cast<int>(std::min<int64_t>(num_sms * 2, (rows + kCombineWarps - 1) / kCombineWarps));
-  CombinePublishKernel<<<std::max(publish_blocks, 1), kCombineThreads, 0, stream>>>(p);
+  const int64_t copy_blocks = std::min<int64_t>(num_sms * 2, (rows + kCombineWarps - 1) / kCombineWarps);
+  const int publish_blocks = p.input == nullptr ? 1 : static_cast<int>(std::max<int64_t>(copy_blocks, 1));
+  CombinePublishKernel<<<publish_blocks, kCombineThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.num_tokens == 0) return err;
   const int64_t pieces = (p.row_bytes + 32 * pull_vec_bytes - 1) / (32 * pull_vec_bytes);

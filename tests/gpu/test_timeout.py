@@ -76,3 +76,13 @@ def test_combine_without_dispatch_reads_nothing_outside_the_workspace():
                                         dtype=torch.bfloat16, timeout_s=2.0))
     torch.cuda.synchronize()
     assert all(o.shape == (8, 256) for o in outs)
+
+
+def test_debug_mode_with_simulated_ranks(monkeypatch):
+    monkeypatch.setenv("FLASHINFER_A2A_DEBUG", "1")
+    sim = run_case(Case(4, 4, 512, 16, [32, 0, 32, 7], 32))  # checks every rank once all are launched
+    ids = [ref.random_topk_ids(8, 4, 16).cuda() for _ in range(4)]
+    ids[2][0, 0] = 16
+    hidden = [torch.randn(8, 512).to(torch.bfloat16).cuda() for _ in range(4)]
+    with pytest.raises(ValueError, match="expert id 16"):  # the host check, before any launch
+        sim.run(lambda r: fa.dispatch(sim.workspace, r, sim.config, ids[r], [hidden[r]], 32, 16), ranks=[2])
