@@ -18,12 +18,14 @@ from .functional import (
     initialize,
     sanitize_expert_ids,
 )
+from .moe_alltoall import MoeAlltoAll
 
 __all__ = [
     "A2AError",
     "MAX_EP_SIZE",
     "MAX_PAYLOADS",
     "MAX_TOP_K",
+    "MoeAlltoAll",
     "WorkspaceConfig",
     "__version__",
     "check_error",

@@ -1,0 +1,189 @@
+"""MoeAlltoAll: the object an engine holds per model — symmetric workspace, dispatch, combine, teardown."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from . import functional as F
+from .comm import as_communicator
+from .symm_mem import SymmetricWorkspace
+
+
+class MoeAlltoAll:
+    """One-sided NVLink dispatch and combine for one expert-parallel group.
+
+    Construction is collective (every rank of ``group`` builds it with the same sizes) and ends with a barrier, so a
+    late initialization cannot erase a fast peer's first signal.
+
+    Args:
+        group: a ``torch.distributed`` process group (default: the default group; an EP sub-group works), an mpi4py
+            communicator, or a :class:`flashinfer_a2a.comm.Communicator`.
+        max_num_tokens: most tokens any rank dispatches per call.
+        top_k: experts per token (1..32).
+        num_experts: experts over all ranks.
+        hidden_size: activation width; with ``dtype`` it sizes the dispatch and combine rows.
+        dtype: activation dtype dispatched and combined (default bf16).
+        extra_dispatch_bytes_per_token: room for further payloads (scales, ...). By default room for int64 top-k ids
+            and fp32 top-k weights.
+        dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of the three above.
+        device: this rank's GPU (default: the current device).
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        *,
+        max_num_tokens: int,
+        top_k: int,
+        num_experts: int,
+        hidden_size: Optional[int] = None,
+        dtype: torch.dtype = torch.bfloat16,
+        extra_dispatch_bytes_per_token: Optional[int] = None,
+        dispatch_bytes_per_token: Optional[int] = None,
+        combine_bytes_per_token: Optional[int] = None,
+        device: Optional[int] = None,
+    ) -> None:
+        self.comm = as_communicator(group)
+        if hidden_size is None and (dispatch_bytes_per_token is None or combine_bytes_per_token is None):
+            raise ValueError("MoeAlltoAll needs hidden_size, or both dispatch_bytes_per_token and "
+                             "combine_bytes_per_token")
+        if not 1 <= top_k <= F.MAX_TOP_K:
+            raise ValueError(f"top_k must be in [1, {F.MAX_TOP_K}], got {top_k}")
+        if num_experts < 1:
+            raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+        extra = top_k * (8 + 4) if extra_dispatch_bytes_per_token is None else extra_dispatch_bytes_per_token
+        if dispatch_bytes_per_token is None:
+            dispatch_bytes_per_token = hidden_size * dtype.itemsize + extra
+        if combine_bytes_per_token is None:
+            combine_bytes_per_token = hidden_size * dtype.itemsize
+        self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
+        self.config = F.WorkspaceConfig(self.comm.size, max_num_tokens, dispatch_bytes_per_token,
+                                        combine_bytes_per_token, top_k=top_k)
+        self._symm = SymmetricWorkspace(self.comm, self.config.bytes_per_rank, device)
+        self.workspace = self._symm.tensor
+        self.device = self.workspace.device
+        self.metainfo = F.initialize(self.workspace, self.ep_rank, self.config)
+        torch.cuda.synchronize(self.device)
+        self.comm.barrier()
+        self._pending: Optional[tuple[int, int, torch.Tensor]] = None  # (num_tokens, runtime_max, recv_counts)
+        self._calls = 0
+
+    @property
+    def ep_rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def ep_size(self) -> int:
+        return self.comm.size
+
+    def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor],
+                 runtime_max_tokens_per_rank: Optional[int] = None, *, timeout_s: Optional[float] = None):
+        """Sends each token's payload rows to the ranks of its top-k experts (see
+        :func:`flashinfer_a2a.functional.dispatch`). Returns ``(recv_payloads, recv_counts)``: views
+        ``[ep_size, runtime_max, ...]`` of the workspace, valid until the next dispatch, and ``[ep_size] int32``.
+
+        ``runtime_max_tokens_per_rank`` (default ``max_num_tokens``) must be the same on every rank.
+        """
+        self._check_alive()
+        if self._pending is not None:
+            raise RuntimeError("MoeAlltoAll.dispatch called twice: call combine for the previous dispatch first")
+        runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
+        if not 0 <= runtime_max <= self.config.max_num_tokens:
+            raise ValueError(f"runtime_max_tokens_per_rank={runtime_max} exceeds max_num_tokens="
+                             f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
+        if topk_ids.dim() != 2 or topk_ids.shape[0] > runtime_max or topk_ids.shape[1] > self.config.top_k:
+            raise ValueError(f"topk_ids must be [num_tokens <= {runtime_max}, top_k <= {self.config.top_k}], got "
+                             f"{tuple(topk_ids.shape)}")
+        rows = sum(F.row_bytes(p) for p in payloads)
+        if rows > self.config.dispatch_bytes_per_token:
+            raise ValueError(f"payloads need {rows} bytes per token; this MoeAlltoAll was built for "
+                             f"{self.config.dispatch_bytes_per_token}")
+        if F.debug_checks_due():
+            self._check_same_call(runtime_max)
+        recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
+                                  self.num_experts, timeout_s=timeout_s)
+        self._pending = (topk_ids.shape[0], runtime_max, counts)
+        self._calls += 1
+        return recv, counts
+
+    def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The zero-copy combine input ``[ep_size, runtime_max, hidden]`` of the pending dispatch: write the expert
+        outputs here and call :meth:`combine` with no partials."""
+        _, runtime_max, _ = self._require_pending("combine_input")
+        hidden, dtype = self._combine_row(hidden, dtype)
+        return F.combine_input(self.workspace, self.ep_rank, self.config, runtime_max, hidden, dtype)
+
+    def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
+                timeout_s: Optional[float] = None) -> torch.Tensor:
+        """Sums each local token's partials over the ranks it went to, in increasing rank order in fp32 (see
+        :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written."""
+        num_tokens, runtime_max, counts = self._require_pending("combine")
+        hidden, dtype = self._combine_row(None, None)
+        result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
+                           out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s)
+        self._pending = None
+        return result
+
+    def workspace_breakdown(self) -> str:
+        """Human-readable sizes of one rank's workspace."""
+        index = F.get_metainfo_index_pairs()
+        at = {name: int(self.metainfo[i]) for name, i in index.items()}
+        mib = 1 << 20
+        parts = [
+            ("metadata (epochs, signals, error record)", at["routing_offset"]),
+            (f"routing record [{self.config.max_num_tokens}, {self.config.top_k}] int32",
+             at["dispatch_offset"] - at["routing_offset"]),
+            (f"dispatch region {self.ep_size} x {self.config.max_num_tokens} x "
+             f"{self.config.dispatch_bytes_per_token} B", at["combine_offset"] - at["dispatch_offset"]),
+            (f"combine region {self.ep_size} x {self.config.max_num_tokens} x "
+             f"{self.config.combine_bytes_per_token} B", at["bytes_per_rank"] - at["combine_offset"]),
+        ]
+        lines = [f"{name}: {size / mib:.2f} MiB" for name, size in parts]
+        lines.append(f"total per rank: {at['bytes_per_rank'] / mib:.2f} MiB (mapped: "
+                     f"{self._symm.bytes_per_rank / mib:.2f} MiB, allocation granularity)")
+        lines.append(f"mapped in this process: {self.ep_size * self._symm.bytes_per_rank / mib:.2f} MiB "
+                     f"({self.ep_size} ranks)")
+        return "\n".join(lines)
+
+    def destroy(self) -> None:
+        """Frees the workspace after a barrier (no peer may still read this rank's memory). Idempotent."""
+        if self._symm is None:
+            return
+        torch.cuda.synchronize(self.device)
+        self.comm.barrier()
+        self._symm.destroy()
+        self._symm = None
+        self.workspace = None
+
+    def _check_alive(self) -> None:
+        if self._symm is None:
+            raise RuntimeError("this MoeAlltoAll was destroyed")
+
+    def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
+        self._check_alive()
+        if self._pending is None:
+            raise RuntimeError(f"MoeAlltoAll.{what} called without a pending dispatch: call dispatch first")
+        return self._pending
+
+    def _combine_row(self, hidden: Optional[int], dtype: Optional[torch.dtype]) -> tuple[int, torch.dtype]:
+        dtype = self.dtype if dtype is None else dtype
+        if hidden is None:
+            if self.hidden_size is None:
+                raise ValueError("pass hidden: this MoeAlltoAll was built from byte sizes")
+            hidden = self.hidden_size
+        if hidden * dtype.itemsize > self.config.combine_bytes_per_token:
+            raise ValueError(f"combine rows of {hidden} x {dtype} exceed combine_bytes_per_token="
+                             f"{self.config.combine_bytes_per_token}")
+        return hidden, dtype
+
+    def _check_same_call(self, runtime_max: int) -> None:
+        """Debug mode: every rank makes the same call with the same runtime_max (a host round trip)."""
+        mine = f"{self._calls}:{runtime_max}".encode()
+        seen = [s.decode() for s in self.comm.allgather(mine)]
+        if len(set(seen)) != 1:
+            detail = ", ".join(f"rank {r}: call {s.split(':')[0]} runtime_max {s.split(':')[1]}"
+                               for r, s in enumerate(seen))
+            raise RuntimeError(f"ranks disagree on the dispatch call sequence ({detail}); every rank must call "
+                               "dispatch/combine the same number of times with the same runtime_max_tokens_per_rank")

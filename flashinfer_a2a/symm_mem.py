@@ -1,0 +1,190 @@
+"""Symmetric memory: one workspace per rank, every rank's mapped into every rank's address space.
+
+Each rank allocates its workspace with CUDA virtual memory management (``cuMemCreate``), exports a shareable handle,
+and maps every rank's allocation into one reserved virtual range, rank r at ``r * bytes_per_rank``. The result is the
+``[ep_size, bytes_per_rank] uint8`` tensor the kernels expect: row r addresses rank r's workspace.
+
+Within one host the handles are POSIX file descriptors passed over a Unix socket with ``SCM_RIGHTS`` (no ptrace
+privileges needed); across the hosts of one NVLink domain (GB200 NVL72) they are FABRIC handles. The type is chosen
+collectively from every rank's capabilities, so no rank fails alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+from . import _cuda_driver as drv
+from .comm import Communicator
+from .fd_exchange import allgather_fds
+
+NCCL_HINT = (
+    "flashinfer_a2a needs every rank's GPU to load and store to every other's memory (NVLink or PCIe peer access). "
+    "Where GPUs cannot, use an NCCL all-to-all instead (torch.distributed.all_to_all_single, or the engine's NCCL "
+    "backend)."
+)
+
+
+def _host_id() -> str:
+    boot_id = Path("/proc/sys/kernel/random/boot_id")
+    return socket.gethostname() + "/" + (boot_id.read_text().strip() if boot_id.exists() else "")
+
+
+def _capabilities(device: int) -> dict:
+    return {
+        "host": _host_id(),
+        "vmm": bool(drv.device_attribute(device, drv.ATTR_VMM_SUPPORTED)),
+        "fd": bool(drv.device_attribute(device, drv.ATTR_POSIX_FD_SUPPORTED)),
+        "fabric": bool(drv.device_attribute(device, drv.ATTR_FABRIC_SUPPORTED)),
+    }
+
+
+def choose_handle_type(capabilities: list[dict]) -> int:
+    """The handle type every rank can use: POSIX fds on one host, FABRIC across hosts. Raises RuntimeError with
+    the reason otherwise. A pure function of the allgathered capabilities, so every rank decides alike."""
+    if not all(c["vmm"] for c in capabilities):
+        bad = [r for r, c in enumerate(capabilities) if not c["vmm"]]
+        raise RuntimeError(f"ranks {bad} have no CUDA virtual memory management support. {NCCL_HINT}")
+    one_host = len({c["host"] for c in capabilities}) == 1
+    if one_host and all(c["fd"] for c in capabilities):
+        return drv.HANDLE_TYPE_POSIX_FD
+    if all(c["fabric"] for c in capabilities):
+        return drv.HANDLE_TYPE_FABRIC
+    where = "on one host without POSIX file-descriptor handles" if one_host else "on several hosts"
+    raise RuntimeError(f"the ranks are {where} and not all support FABRIC handles (multi-node NVLink needs IMEX). "
+                       f"{NCCL_HINT}")
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+# The DLPack structs of every live workspace tensor, by address. torch calls the deleter when the tensor's storage
+# dies, which may be after SymmetricWorkspace.destroy (views kept by the caller or by compiled graphs): the structs
+# must live until then. The mapping itself is owned by SymmetricWorkspace, not by the tensor.
+_LIVE_DLPACK: dict[int, object] = {}
+
+
+@_DELETER
+def _forget_dlpack(managed) -> None:
+    _LIVE_DLPACK.pop(ctypes.addressof(managed.contents), None)
+
+
+def _uint8_tensor(ptr: int, rows: int, cols: int, device: int) -> torch.Tensor:
+    """A CUDA uint8 tensor [rows, cols] over memory this module owns (not freed with the tensor)."""
+    shape = (ctypes.c_int64 * 2)(rows, cols)
+    managed = _DLManagedTensor()
+    managed.dl_tensor = _DLTensor(ptr, _DLDevice(2, device), 2, _DLDataType(1, 8, 1), shape, None, 0)  # CUDA uint8
+    managed.deleter = _forget_dlpack
+    _LIVE_DLPACK[ctypes.addressof(managed)] = (shape, managed)
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype, new_capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return torch.utils.dlpack.from_dlpack(new_capsule(ctypes.addressof(managed), b"dltensor", None))
+
+
+class SymmetricWorkspace:
+    """``[ep_size, bytes_per_rank]`` uint8 workspace, row r mapped to rank r's memory. Collective: every rank of
+    ``comm`` constructs it together. :meth:`destroy` (also collective in effect: peers' rows go away) unmaps and
+    frees; the tensor must not be used after it.
+
+    Args:
+        comm: the ranks (see :mod:`flashinfer_a2a.comm`).
+        bytes_per_rank: at least this many bytes per rank (rounded up to the allocation granularity).
+        device: this rank's CUDA device (default: the current one).
+    """
+
+    def __init__(self, comm: Communicator, bytes_per_rank: int, device: int | None = None) -> None:
+        self.comm = comm
+        self.device = torch.cuda.current_device() if device is None else int(device)
+        torch.cuda.init()
+        with torch.cuda.device(self.device):
+            torch.empty(1, device="cuda")  # the primary context the driver calls run in
+        caps = [json.loads(b) for b in comm.allgather(json.dumps(_capabilities(self.device)).encode())]
+        self.handle_type = choose_handle_type(caps)
+        self._granularity = drv.granularity(self.device, self.handle_type)
+        self.bytes_per_rank = -(-bytes_per_rank // self._granularity) * self._granularity
+        self._handles: list[int] = []
+        self._mapped: list[int] = []
+        self._base = 0
+        self._own = 0
+        try:
+            self._own = drv.mem_create(self.bytes_per_rank, self.device, self.handle_type)
+            self._handles = self._exchange()
+            error = self._map()
+        except Exception as exc:  # noqa: BLE001 - reported to every rank below
+            error = f"{type(exc).__name__}: {exc}"
+        errors = [e.decode() for e in comm.allgather(error.encode() if error else b"")]
+        failed = {r: e for r, e in enumerate(errors) if e}
+        if failed:
+            self.destroy()
+            raise RuntimeError(f"symmetric memory setup failed on ranks {sorted(failed)}: {failed}. {NCCL_HINT}")
+        self.tensor = _uint8_tensor(self._base, comm.size, self.bytes_per_rank, self.device)
+
+    def _exchange(self) -> list[int]:
+        if self.handle_type == drv.HANDLE_TYPE_FABRIC:
+            blobs = self.comm.allgather(drv.export_fabric(self._own))
+            return [self._own if r == self.comm.rank else drv.import_fabric(b) for r, b in enumerate(blobs)]
+        fd = drv.export_fd(self._own)
+        try:
+            fds = allgather_fds(self.comm, fd)
+        finally:
+            os.close(fd)
+        handles = []
+        try:
+            for r, peer_fd in enumerate(fds):
+                handles.append(self._own if r == self.comm.rank else drv.import_fd(peer_fd))
+        finally:
+            for peer_fd in fds:
+                os.close(peer_fd)
+        return handles
+
+    def _map(self) -> str:
+        size = self.bytes_per_rank
+        self._base = drv.address_reserve(size * self.comm.size, self._granularity)
+        for r, handle in enumerate(self._handles):
+            try:
+                drv.map_and_enable(self._base + r * size, size, handle, self.device)
+            except drv.CudaDriverError as exc:
+                return f"cannot map rank {r}'s workspace on cuda:{self.device} ({exc})"
+            self._mapped.append(r)
+        return ""
+
+    def destroy(self) -> None:
+        """Unmaps every rank's memory, releases the handles and the address range. Idempotent."""
+        size = self.bytes_per_rank
+        for r in self._mapped:
+            drv.unmap(self._base + r * size, size)
+        self._mapped = []
+        if self._base:
+            drv.address_free(self._base, size * self.comm.size)
+            self._base = 0
+        for r, handle in enumerate(self._handles):
+            if handle != self._own:
+                drv.release(handle)
+        self._handles = []
+        if self._own:
+            drv.release(self._own)
+            self._own = 0
+        self.tensor = None
