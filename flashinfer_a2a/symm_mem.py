@@ -14,14 +14,12 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import socket
-from pathlib import Path
 
 import torch
 
 from . import _cuda_driver as drv
 from .comm import Communicator
-from .fd_exchange import allgather_fds
+from .fd_exchange import allgather_fds, host_id
 
 NCCL_HINT = (
     "flashinfer_a2a needs every rank's GPU to load and store to every other's memory (NVLink or PCIe peer access). "
@@ -30,14 +28,9 @@ NCCL_HINT = (
 )
 
 
-def _host_id() -> str:
-    boot_id = Path("/proc/sys/kernel/random/boot_id")
-    return socket.gethostname() + "/" + (boot_id.read_text().strip() if boot_id.exists() else "")
-
-
 def _capabilities(device: int) -> dict:
     return {
-        "host": _host_id(),
+        "host": host_id(),
         "vmm": bool(drv.device_attribute(device, drv.ATTR_VMM_SUPPORTED)),
         "fd": bool(drv.device_attribute(device, drv.ATTR_POSIX_FD_SUPPORTED)),
         "fabric": bool(drv.device_attribute(device, drv.ATTR_FABRIC_SUPPORTED)),
