@@ -47,6 +47,16 @@ def require_mpirun() -> str:
     return mpirun
 
 
+def check_under_mpirun(check: str) -> None:
+    """Runs ``check`` of tests.comm_workers on 2 mpirun ranks; both must report OK."""
+    result = run_mpirun(require_mpirun(), 2, check)
+    assert result.returncode == 0, result.stdout
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("OK")) == [
+        f"OK {check} rank 0",
+        f"OK {check} rank 1",
+    ], result.stdout
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_torch_collectives(tmp_path, world_size):
     spawn("collectives", world_size, tmp_path)
@@ -77,9 +87,4 @@ def test_default_group_needs_init():
 
 
 def test_mpi_collectives():
-    result = run_mpirun(require_mpirun(), 2, "collectives")
-    assert result.returncode == 0, result.stdout
-    assert sorted(line for line in result.stdout.splitlines() if line.startswith("OK")) == [
-        "OK collectives rank 0",
-        "OK collectives rank 1",
-    ], result.stdout
+    check_under_mpirun("collectives")

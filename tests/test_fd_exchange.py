@@ -11,8 +11,8 @@ import pytest
 from flashinfer_a2a import fd_exchange
 from flashinfer_a2a.fd_exchange import allgather_fds, same_host
 
-from .comm_workers import open_fds, run_mpirun, spawn
-from .test_comm import ListComm, require_mpirun
+from .comm_workers import open_fds, spawn
+from .test_comm import ListComm, check_under_mpirun
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -21,12 +21,7 @@ def test_fd_exchange_torch(tmp_path, world_size):
 
 
 def test_fd_exchange_mpirun():
-    result = run_mpirun(require_mpirun(), 2, "fd_exchange")
-    assert result.returncode == 0, result.stdout
-    assert sorted(line for line in result.stdout.splitlines() if line.startswith("OK")) == [
-        "OK fd_exchange rank 0",
-        "OK fd_exchange rank 1",
-    ], result.stdout
+    check_under_mpirun("fd_exchange")
 
 
 def test_hung_peer_times_out_naming_it(tmp_path):
