@@ -175,29 +175,58 @@ def dispatch(
         workspace (source rank major; rows ``0..recv_counts[src]-1`` valid; valid until the next dispatch), and
         ``recv_counts`` ``[ep_size] int32`` on the device.
     """
+    recv_counts = launch_dispatch(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
+                                  num_experts, timeout_s=timeout_s)
+    return recv_views(workspace, ep_rank, config, runtime_max_tokens_per_rank, payloads), recv_counts
+
+
+def launch_dispatch(
+    workspace: torch.Tensor,
+    ep_rank: int,
+    config: WorkspaceConfig,
+    topk_ids: torch.Tensor,
+    payloads: Sequence[torch.Tensor],
+    runtime_max_tokens_per_rank: int,
+    num_experts: int,
+    *,
+    timeout_s: Optional[float] = None,
+    recv_counts: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
+    written into the given ``[ep_size] int32`` tensor if any."""
     if len(payloads) > MAX_PAYLOADS:
         raise ValueError(f"payloads: at most {MAX_PAYLOADS} tensors per dispatch, got {len(payloads)}")
-    for i, p in enumerate(payloads):
-        if p.dim() < 1 or p.shape[0] != topk_ids.shape[0]:
-            raise ValueError(f"payloads[{i}] must be [num_tokens={topk_ids.shape[0]}, ...], got {tuple(p.shape)}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] > runtime_max_tokens_per_rank:
+    num_tokens = topk_ids.shape[0] if topk_ids.dim() else 0
+    if topk_ids.dim() != 2 or num_tokens > runtime_max_tokens_per_rank:
         raise ValueError(
             f"topk_ids must be [num_tokens, top_k] with num_tokens <= runtime_max_tokens_per_rank="
             f"{runtime_max_tokens_per_rank}, got {tuple(topk_ids.shape)}"
         )
-    if _config.debug() and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+    for i, p in enumerate(payloads):
+        if p.dim() < 1 or p.shape[0] != num_tokens:
+            raise ValueError(f"payloads[{i}] must be [num_tokens={num_tokens}, ...], got {tuple(p.shape)}")
+    debug = _config.debug()
+    if debug and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
         _check_topk_ids_on_host(topk_ids, num_experts)  # waits on this rank's stream only: never on peers
-    rows = tuple(row_bytes(p) for p in payloads)
-    _, *recv_offsets = _layout(config.sizes(), runtime_max_tokens_per_rank, rows)
-    recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
+    if recv_counts is None:
+        recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
     ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
                  runtime_max_tokens_per_rank, num_experts, _timeout(timeout_s))
-    _debug_check(workspace, ep_rank)
-    recv = [
+    if debug:
+        _debug_check(workspace, ep_rank)
+    return recv_counts
+
+
+def recv_views(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, runtime_max_tokens_per_rank: int,
+               payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The receive views of a dispatch of ``payloads``: per payload ``[ep_size, runtime_max, ...]`` of rank
+    ``ep_rank``'s workspace (host work only: the same views serve every dispatch of this shape)."""
+    rows = tuple(row_bytes(p) for p in payloads)
+    _, *recv_offsets = _layout(config.sizes(), runtime_max_tokens_per_rank, rows)
+    return [
         _view(workspace, ep_rank, off, (config.ep_size, runtime_max_tokens_per_rank, *p.shape[1:]), p.dtype)
         for off, p in zip(recv_offsets, payloads)
     ]
-    return recv, recv_counts
 
 
 def combine_input(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, runtime_max_tokens_per_rank: int,

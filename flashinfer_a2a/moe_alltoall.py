@@ -68,6 +68,8 @@ class MoeAlltoAll:
         torch.cuda.synchronize(self.device)
         self.comm.barrier()
         self._pending: Optional[tuple[int, int, torch.Tensor]] = None  # (num_tokens, runtime_max, recv_counts)
+        self._views: dict[tuple, list[torch.Tensor]] = {}  # receive views by (runtime_max, payload row shapes)
+        self._recv_counts = torch.empty(self.ep_size, dtype=torch.int32, device=self.device)
         self._calls = 0
 
     @property
@@ -82,7 +84,8 @@ class MoeAlltoAll:
                  runtime_max_tokens_per_rank: Optional[int] = None, *, timeout_s: Optional[float] = None):
         """Sends each token's payload rows to the ranks of its top-k experts (see
         :func:`flashinfer_a2a.functional.dispatch`). Returns ``(recv_payloads, recv_counts)``: views
-        ``[ep_size, runtime_max, ...]`` of the workspace, valid until the next dispatch, and ``[ep_size] int32``.
+        ``[ep_size, runtime_max, ...]`` of the workspace and ``[ep_size] int32``, both valid until the next dispatch
+        (eager calls return the same tensors each time: they cost host time to make).
 
         ``runtime_max_tokens_per_rank`` (default ``max_num_tokens``) must be the same on every rank.
         """
@@ -96,11 +99,27 @@ class MoeAlltoAll:
         # Shapes of topk_ids and payloads against the workspace sizes: checked by F.dispatch before any launch.
         if F.debug_checks_due():
             self._check_same_call(runtime_max)
-        recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                  self.num_experts, timeout_s=timeout_s)
+        # Eager calls reuse one counts tensor, valid (like the views) until the next dispatch; traced calls get a
+        # fresh one.
+        counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
+                                   self.num_experts, timeout_s=timeout_s,
+                                   recv_counts=None if torch.compiler.is_compiling() else self._recv_counts)
         self._pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
-        return recv, counts
+        return self._recv_views(runtime_max, payloads), counts
+
+    def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The receive views, built once per shape in eager mode: making them costs more host time than the launch.
+        While torch.compile traces, fresh ones (a traced view must not be kept)."""
+        if torch.compiler.is_compiling():
+            return F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads)
+        key = (runtime_max, tuple((p.dtype, p.shape[1:]) for p in payloads))
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= 64:  # many distinct shapes (runtime_max varies per step): start over
+                self._views.clear()
+            views = self._views[key] = F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads)
+        return list(views)
 
     def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The zero-copy combine input ``[ep_size, runtime_max, hidden]`` of the pending dispatch: write the expert
@@ -147,6 +166,7 @@ class MoeAlltoAll:
             return
         torch.cuda.synchronize(self.device)
         self.comm.barrier()
+        self._views.clear()
         self._symm.destroy()
         self._symm = None
         self.workspace = None

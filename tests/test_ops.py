@@ -152,3 +152,32 @@ def test_dispatch_sanitize_combine_fakes_trace_fullgraph():
     targets = _graph_targets(captured)
     for op in ("dispatch", "sanitize_expert_ids", "combine"):
         assert f"flashinfer_a2a.{op}.default" in targets
+
+
+def test_plain_eager_calls_skip_the_dispatcher_and_modes_do_not(monkeypatch):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    config = fa.WorkspaceConfig(2, 8, 64, 64, top_k=4)
+    workspace = empty_workspace(2, config.bytes_per_rank, "cpu")
+    metainfo = torch.empty(len(ops.METAINFO_NAMES), dtype=torch.int64)
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        ops.initialize(workspace, metainfo, 0, *config.sizes())
+    assert "flashinfer_a2a.initialize.default" in seen.ops  # a dispatch mode sees the op
+
+    def no_dispatcher(*args):
+        raise AssertionError("plain eager call went through the dispatcher")
+
+    monkeypatch.setattr(ops.initialize, "overload", no_dispatcher)
+    metainfo.fill_(-1)
+    ops.initialize(workspace, metainfo, 1, *config.sizes())  # the implementation, directly
+    assert int(metainfo[ops.METAINFO_NAMES.index("bytes_per_rank")]) == config.bytes_per_rank

@@ -103,7 +103,7 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
 
   // Tokens before the chunk: per-warp counts only, order-free. Invalid ids are reported by the chunk owning them.
   for (int r = lane; r < ep_size; r += 32) s_warp[warp][r] = 0;
-  __syncwarp();
+  __syncthreads();  // also publishes the partition's rank table
   for (int tile = 0; tile < t0; tile += kDispatchThreads) {
     const int t = tile + threadIdx.x;
     RankMask mask = {};
@@ -161,6 +161,7 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
 
 template <typename IdT>
 __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __grid_constant__ DispatchParams p) {
+  __shared__ uint8_t s_rank_of[kRankTableExperts];
   __shared__ int32_t s_base[kMaxRanks];
   __shared__ int32_t s_warp[kDispatchWarps][kMaxRanks];
   __shared__ uint32_t s_ballot[kDispatchWarps][kMaxRanks];
@@ -175,7 +176,8 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
     return;
   }
   const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->dispatch_epoch) + 1;
-  const ExpertPartition part(p.num_experts, ep_size);
+  ExpertPartition part(p.num_experts, ep_size);
+  part.FillTable(s_rank_of);  // RouteChunk synchronizes before the first lookup
 
   const int chunk = (p.num_tokens + gridDim.x - 1) / gridDim.x;
   const int t0 = min(p.num_tokens, static_cast<int>(blockIdx.x) * chunk);

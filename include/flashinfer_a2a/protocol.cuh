@@ -76,20 +76,34 @@ struct RankMask {
 };
 
 // Expert -> owning rank for a contiguous partition where the first `num_experts % ep_size` ranks own one extra.
+// With a table (shared memory, filled by FillTable) a lookup replaces the integer divisions.
+constexpr int kRankTableExperts = 1024;
 struct ExpertPartition {
   int32_t num_experts;
   int32_t base;       // num_experts / ep_size (may be 0)
   int32_t remainder;  // num_experts % ep_size
+  const uint8_t* table = nullptr;  // expert -> rank, when num_experts <= kRankTableExperts
 
   __host__ __device__ ExpertPartition(int32_t num_experts_, int32_t ep_size)
       : num_experts(num_experts_), base(num_experts_ / ep_size), remainder(num_experts_ % ep_size) {}
 
-  // Requires 0 <= expert < num_experts.
-  __device__ __forceinline__ int RankOf(int expert) const {
+  __device__ __forceinline__ int Divide(int expert) const {
     const int big = remainder * (base + 1);  // experts owned by the ranks with one extra
     return expert < big ? expert / (base + 1) : remainder + (expert - big) / base;
   }
+
+  // Requires 0 <= expert < num_experts.
+  __device__ __forceinline__ int RankOf(int expert) const { return table != nullptr ? table[expert] : Divide(expert); }
+
+  // Fills `shared` (kRankTableExperts bytes) with the whole block and points the partition at it; the caller
+  // synchronizes the block before the first lookup.
+  __device__ __forceinline__ void FillTable(uint8_t* shared) {
+    if (num_experts > kRankTableExperts) return;
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) shared[e] = static_cast<uint8_t>(Divide(e));
+    table = shared;
+  }
 };
+static_assert(kMaxRanks <= 256, "ExpertPartition's table holds ranks as bytes");
 
 // The distinct ranks of token t's top-k experts. An id outside [-1, num_experts) is recorded as an error against
 // this rank (unless meta is null) and skipped: it is never routed anywhere.
@@ -124,10 +138,13 @@ __device__ __forceinline__ int CountRoutes(int32_t entry, int ep_size, int runti
 
 // Grid completion: every block calls this once after its stores; exactly one block (the last to arrive, whichever
 // it is) gets true. The fence before the count publishes the block's stores, including remote ones, at system
-// scope; the fence after it makes every block's stores visible to the last one before it signals peers.
+// scope; the fence after it makes every block's stores visible to the last one before it signals peers. A grid of
+// one block needs only the barrier: the system-scope release that signals peers afterwards is cumulative over
+// every store the barrier ordered before it (and over earlier kernels' stores).
 __device__ __forceinline__ bool ArriveLastBlock(uint32_t* blocks_done) {
   __shared__ bool is_last;
   __syncthreads();
+  if (gridDim.x == 1) return true;
   if (threadIdx.x == 0) {
     FenceAcqRelSys();
     is_last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;

@@ -1,0 +1,194 @@
+"""The implementations the benchmark times, each as per-rank dispatch/combine steps over the same inputs.
+
+- ``a2a``: this package. Dispatch sends the hidden states (and, unless ``--hidden-only``, the top-k ids and
+  weights); combine is the zero-copy one (the expert outputs already sit in the combine input).
+- ``nccl_a2a``: NCCL ``all_to_all_single``. Dispatch packs each (token, destination) row in destination order
+  (``index_select`` of a ``[tokens, row_bytes]`` byte view holding every payload) and exchanges them; combine sends
+  the partials back, gathers each token's partials (``index_select``, a zero row where a rank was not involved) and
+  sums them (``sum`` over ranks, fp32 accumulation). The split sizes are computed once, outside the timing, which
+  favours NCCL: an engine must exchange them every step.
+- ``nccl_ag_rs``: all_gather of every rank's packed rows, then reduce_scatter of ``[ep_size * tokens, hidden]``
+  (what vLLM runs by default); it moves every token to every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+
+from .. import functional as F
+from ..errors import check_error
+from ..moe_alltoall import MoeAlltoAll
+from ..reference import random_topk_ids, token_rank_mask
+from ..simulate import SimulatedRanks
+from .args import BenchArgs
+from .session import Session
+from .timing import RankSteps
+from .traffic import Traffic, count_rows
+
+
+@dataclasses.dataclass
+class Case:
+    """One benchmarked shape: every rank's routing (CPU, drawn from the shared seed) and this process's inputs."""
+
+    tokens: int
+    dtype: torch.dtype
+    routing: str
+    num_experts: int
+    topk_ids: list[torch.Tensor]  # every rank's [tokens, top_k] int32, CPU
+    traffic: Traffic
+    payloads: dict[int, list[torch.Tensor]]  # rank -> device payloads, for the ranks of this process
+
+    @property
+    def hidden(self) -> int:
+        return self.payloads[next(iter(self.payloads))][0].shape[1]
+
+
+def dispatch_row_bytes(args: BenchArgs, dtype: torch.dtype) -> int:
+    """Bytes dispatched per (token, destination): hidden states, plus top-k int32 ids and fp32 weights."""
+    extra = args.shape.top_k * 8 if args.routing_payloads else 0
+    return args.shape.hidden * dtype.itemsize + extra
+
+
+def make_case(args: BenchArgs, session: Session, tokens: int, dtype: torch.dtype, routing: str, seed: int) -> Case:
+    shape = args.shape
+    gen = torch.Generator().manual_seed(seed)
+    skew = args.skew if routing == "skewed" else None
+    ids = [random_topk_ids(tokens, shape.top_k, shape.num_experts, generator=gen, skew=skew)
+           for _ in range(session.ep_size)]
+    here = range(session.ep_size) if session.simulated else [session.rank]
+    payloads = {}
+    for rank in here:
+        dev_gen = torch.Generator(session.device).manual_seed(seed * 1000 + rank)
+        x = torch.randn(tokens, shape.hidden, generator=dev_gen, device=session.device).to(dtype)
+        rank_payloads = [x]
+        if args.routing_payloads:
+            weights = torch.rand(tokens, shape.top_k, generator=dev_gen, device=session.device)
+            rank_payloads += [ids[rank].to(session.device), weights]
+        payloads[rank] = rank_payloads
+    return Case(tokens, dtype, routing, shape.num_experts, ids, count_rows(ids, shape.num_experts), payloads)
+
+
+class A2A:
+    """This package's dispatch/combine for one dtype, with a workspace sized for the largest token count."""
+
+    def __init__(self, args: BenchArgs, session: Session, dtype: torch.dtype) -> None:
+        self.session, self.num_experts = session, args.shape.num_experts
+        max_tokens = max(args.tokens)
+        extra = dispatch_row_bytes(args, dtype) - args.shape.hidden * dtype.itemsize
+        if session.simulated:
+            config = F.WorkspaceConfig(session.ep_size, max_tokens, dispatch_row_bytes(args, dtype),
+                                       args.shape.hidden * dtype.itemsize, top_k=args.shape.top_k)
+            self.sim = SimulatedRanks(config, session.device)
+            self.moe = None
+        else:
+            self.moe = MoeAlltoAll(session.group, max_num_tokens=max_tokens, top_k=args.shape.top_k,
+                                   num_experts=args.shape.num_experts, hidden_size=args.shape.hidden, dtype=dtype,
+                                   extra_dispatch_bytes_per_token=extra, device=session.device.index)
+            self.sim = None
+
+    def steps(self, case: Case) -> list[RankSteps]:
+        """Steps of the ranks of this process; runs one untimed round first and fills the combine inputs."""
+        steps = [self._rank_steps(case, rank) for rank in case.payloads]
+        streams = [s.stream or torch.cuda.current_stream() for s in steps]
+        for s, stream in zip(steps, streams):
+            with torch.cuda.stream(stream):
+                s.dispatch()
+        for rank, stream in zip(case.payloads, streams):
+            with torch.cuda.stream(stream):
+                self._combine_input(case, rank).normal_()
+        for s, stream in zip(steps, streams):
+            with torch.cuda.stream(stream):
+                s.combine()
+        torch.cuda.synchronize()
+        self.check(case)
+        return steps
+
+    def check(self, case: Case) -> None:
+        """Raises A2AError if any rank of this process recorded a protocol error (a timeout would fake a time)."""
+        for rank in case.payloads:
+            check_error(self.workspace, rank)
+
+    @property
+    def workspace(self) -> torch.Tensor:
+        return self.sim.workspace if self.sim is not None else self.moe.workspace
+
+    def _combine_input(self, case: Case, rank: int) -> torch.Tensor:
+        if self.sim is not None:
+            return self.sim.combine_input(rank, case.tokens, case.hidden, case.dtype)
+        return self.moe.combine_input(case.hidden, case.dtype)
+
+    def _rank_steps(self, case: Case, rank: int) -> RankSteps:
+        ids, payloads, tokens = case.topk_ids[rank], case.payloads[rank], case.tokens
+        ids_dev = payloads[1] if len(payloads) > 1 else ids.to(self.session.device)
+        out = torch.empty(tokens, case.hidden, dtype=case.dtype, device=self.session.device)
+        if self.moe is not None:
+            moe = self.moe
+            return RankSteps(lambda: moe.dispatch(ids_dev, payloads, tokens), lambda: moe.combine(out=out))
+        sim, counts = self.sim, {}
+
+        def dispatch():
+            counts[rank] = F.dispatch(sim.workspace, rank, sim.config, ids_dev, payloads, tokens, self.num_experts)[1]
+
+        def combine():
+            F.combine(sim.workspace, rank, sim.config, counts[rank], tokens, tokens, out=out)
+
+        return RankSteps(dispatch, combine, sim.streams[rank])
+
+    def close(self) -> None:
+        if self.moe is not None:
+            self.moe.destroy()
+
+
+def _packed_rows(payloads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[tokens, row_bytes] uint8``: every payload's row side by side (the layout NCCL's pack gathers from)."""
+    tokens = payloads[0].shape[0]
+    return torch.cat([p.contiguous().view(torch.uint8).reshape(tokens, -1) for p in payloads], dim=1)
+
+
+def nccl_a2a_steps(session: Session, case: Case) -> RankSteps:
+    import torch.distributed as dist
+
+    rank, group, device, ep_size = session.rank, session.nccl_group, session.device, session.ep_size
+    masks = [token_rank_mask(ids, case.num_experts, ep_size) for ids in case.topk_ids]
+    dest_major = masks[rank].t().nonzero()  # (destination, token) pairs, destination major, tokens in order
+    sent = len(dest_major)
+    send_tokens = dest_major[:, 1].to(device)
+    # Unpack by gathering: row [t, d] of `gather_rows` is the partial token t got back from rank d, or a zero row.
+    gather_rows = torch.full((case.tokens, ep_size), sent, dtype=torch.int64)
+    gather_rows[dest_major[:, 1], dest_major[:, 0]] = torch.arange(sent)
+    gather_rows = gather_rows.view(-1).to(device)
+    in_splits = masks[rank].sum(0).tolist()
+    out_splits = [int(m[:, rank].sum()) for m in masks]
+    packed = _packed_rows(case.payloads[rank])
+    send = torch.empty(sent, packed.shape[1], dtype=torch.uint8, device=device)
+    recv = torch.empty(sum(out_splits), packed.shape[1], dtype=torch.uint8, device=device)
+    partials = torch.randn(sum(out_splits), case.hidden, device=device).to(case.dtype)
+    returned = torch.zeros(sent + 1, case.hidden, dtype=case.dtype, device=device)  # + the zero row
+    gathered = torch.empty(case.tokens * ep_size, case.hidden, dtype=case.dtype, device=device)
+    out = torch.empty(case.tokens, case.hidden, dtype=case.dtype, device=device)
+
+    def dispatch():
+        torch.index_select(packed, 0, send_tokens, out=send)
+        dist.all_to_all_single(recv, send, out_splits, in_splits, group=group)
+
+    def combine():
+        dist.all_to_all_single(returned[:sent], partials, in_splits, out_splits, group=group)
+        torch.index_select(returned, 0, gather_rows, out=gathered)
+        torch.sum(gathered.view(case.tokens, ep_size, case.hidden), dim=1, out=out)
+
+    return RankSteps(dispatch, combine)
+
+
+def nccl_ag_rs_steps(session: Session, case: Case) -> RankSteps:
+    import torch.distributed as dist
+
+    group, device, ep_size = session.nccl_group, session.device, session.ep_size
+    packed = _packed_rows(case.payloads[session.rank])
+    gathered = torch.empty(ep_size * case.tokens, packed.shape[1], dtype=torch.uint8, device=device)
+    partials = torch.randn(ep_size * case.tokens, case.hidden, device=device).to(case.dtype)
+    out = torch.empty(case.tokens, case.hidden, dtype=case.dtype, device=device)
+    return RankSteps(lambda: dist.all_gather_into_tensor(gathered, packed, group=group),
+                     lambda: dist.reduce_scatter_tensor(out, partials, group=group))

@@ -1,0 +1,136 @@
+"""``python -m flashinfer_a2a.bench``: runs every case, prints the table, writes JSON and PNG."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from .args import DTYPES, BenchArgs, parse_args
+from .impls import A2A, Case, dispatch_row_bytes, make_case, nccl_a2a_steps, nccl_ag_rs_steps
+from .report import add_derived, format_table, output_paths, write_json, write_plot
+from .session import Session, start
+from .timing import RankSteps, summarize, time_loop
+
+NO_GPU_MESSAGE = (
+    "flashinfer_a2a.bench needs an NVIDIA GPU (Hopper or Blackwell) and this process sees none "
+    "(torch.cuda.is_available() is False). Run it on a GPU machine: alone for simulated ranks on one GPU, or under "
+    "torchrun/mpirun with one process per GPU."
+)
+
+
+def _time_impl(session: Session, args: BenchArgs, make_steps: Callable[[], Sequence[RankSteps]],
+               check: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Times one implementation in every mode; a failure on any rank becomes an ``error`` entry on all ranks."""
+    results: dict[str, Any] = {}
+    try:
+        steps = make_steps()
+        error = None
+    except Exception as exc:  # reported in the table; other implementations still run
+        steps, error = None, f"set-up failed: {type(exc).__name__}: {exc}"
+    for mode in args.modes:
+        if error is None:
+            graph = mode == "graph"
+            try:
+                timings = time_loop(steps, args.iters, args.warmup, graph, session.barrier)
+                pair = time_loop(steps, args.iters, args.warmup, graph, session.barrier, split=False)
+                check()
+            except Exception as exc:
+                timings, error_here = None, f"{mode} run failed: {type(exc).__name__}: {exc}"
+            else:
+                error_here = None
+        else:
+            timings, error_here = None, error
+        errors = [e for e in session.gather(error_here) if e is not None]
+        if errors:
+            results[mode] = {"error": errors[0].splitlines()[0][:200]}
+            continue
+        gpu = torch.cat([torch.tensor(t) for t in session.gather(timings.gpu_us.tolist())])
+        pair_us = torch.cat([torch.tensor(t) for t in session.gather(pair.gpu_us[..., 0].tolist())])
+        stats: dict[str, Any] = summarize(gpu, pair_us)
+        if timings.host_us is not None:
+            host = torch.cat([torch.tensor(t) for t in session.gather(timings.host_us.tolist())])
+            stats["host_us"] = {phase: float(host[..., j].flatten().median()) for j, phase in
+                                enumerate(("dispatch", "combine"))}
+        results[mode] = stats
+    return results
+
+
+def _run_case(args: BenchArgs, session: Session, a2a: A2A, case: Case) -> dict[str, Any]:
+    impls: dict[str, Any] = {"a2a": _time_impl(session, args, lambda: a2a.steps(case), lambda: a2a.check(case))}
+    if args.baselines and not session.simulated:
+        impls["nccl_a2a"] = _time_impl(session, args, lambda: [nccl_a2a_steps(session, case)])
+        impls["nccl_ag_rs"] = _time_impl(session, args, lambda: [nccl_ag_rs_steps(session, case)])
+    hidden_bytes = args.shape.hidden * case.dtype.itemsize
+    result = {
+        "tokens": case.tokens,
+        "dtype": next(name for name, d in DTYPES.items() if d == case.dtype),
+        "routing": case.routing,
+        "row_bytes": {"dispatch": dispatch_row_bytes(args, case.dtype), "combine": hidden_bytes},
+        "bytes": {"dispatch": case.traffic.mean_bytes(dispatch_row_bytes(args, case.dtype)),
+                  "combine": case.traffic.mean_bytes(hidden_bytes)},
+        "impls": impls,
+    }
+    add_derived(result)
+    return result
+
+
+def _meta(args: BenchArgs, session: Session, argv: Sequence[str]) -> dict[str, Any]:
+    return {
+        "command": "python -m flashinfer_a2a.bench " + " ".join(argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(session.device),
+        "gpu_count": torch.cuda.device_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "launcher": session.launcher,
+        "ep_size": session.ep_size,
+        "model": args.model,
+        "shape": dataclasses.asdict(args.shape),
+        "payloads": "hidden, top-k ids (int32), top-k weights (fp32)" if args.routing_payloads else "hidden",
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "args": {k: v for k, v in dataclasses.asdict(args).items() if k != "shape"},
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(NO_GPU_MESSAGE, file=sys.stderr)
+        return 1
+    session = start(args.sim_ranks)
+    progress = (lambda text: None) if args.quiet or not session.is_root else (
+        lambda text: print(text, file=sys.stderr, flush=True))
+    plan = [(dtype, tokens, routing) for dtype in args.dtypes for tokens in args.tokens for routing in args.routings]
+    cases: list[dict[str, Any]] = []
+    start_time = time.monotonic()
+    try:
+        for dtype_name in args.dtypes:
+            a2a = A2A(args, session, DTYPES[dtype_name])
+            try:
+                for tokens in args.tokens:
+                    for routing in args.routings:
+                        index = len(cases)
+                        progress(f"[{index + 1}/{len(plan)}] tokens/rank {tokens}, {dtype_name}, {routing} routing "
+                                 f"({time.monotonic() - start_time:.0f} s)")
+                        case = make_case(args, session, tokens, DTYPES[dtype_name], routing, args.seed + index)
+                        cases.append(_run_case(args, session, a2a, case))
+            finally:
+                a2a.close()
+        meta = _meta(args, session, argv)
+    finally:
+        session.close()
+    if not session.is_root:
+        return 0
+    print(format_table(meta, cases))
+    json_path, png_path = output_paths(args.output_dir)
+    write_json(json_path, meta, cases)
+    why_not = write_plot(png_path, meta, cases)
+    print(f"wrote {json_path}" + (f" and {png_path}" if why_not is None else f" (no plot: {why_not})"))
+    return 0

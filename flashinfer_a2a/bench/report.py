@@ -1,0 +1,127 @@
+"""The benchmark's outputs: the printed table, ``results.json`` and ``results.png``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Optional
+
+from .timing import PHASES
+from .traffic import gbps
+
+
+def add_derived(case: dict[str, Any]) -> None:
+    """Adds GB/s per implementation and mode, and the case summary (speed-up over NCCL, eager overhead)."""
+    for modes in case["impls"].values():
+        for stats in modes.values():
+            if "error" in stats:
+                continue
+            stats["gbps"] = {phase: {kind: gbps(num_bytes, stats[phase]["max_rank"])
+                                     for kind, num_bytes in case["bytes"][phase].items()} for phase in PHASES}
+    ours = case["impls"].get("a2a", {})
+    summary: dict[str, Any] = {}
+    for mode, stats in ours.items():
+        nccl = case["impls"].get("nccl_a2a", {}).get(mode, {})
+        if "pair" in stats and "pair" in nccl:
+            summary[f"pair_speedup_vs_nccl_a2a_{mode}"] = nccl["pair"]["max_rank"] / stats["pair"]["max_rank"]
+    if "pair" in ours.get("graph", {}) and "pair" in ours.get("eager", {}):
+        summary["eager_overhead_us_per_call"] = (ours["eager"]["pair"]["max_rank"]
+                                                 - ours["graph"]["pair"]["max_rank"]) / len(PHASES)
+    case["summary"] = summary
+
+
+def _us(stats: dict, phase: str) -> str:
+    return f"{stats[phase]['median']:8.1f} {stats[phase]['max_rank']:8.1f}"
+
+
+def format_table(meta: dict[str, Any], cases: list[dict[str, Any]]) -> str:
+    shape = meta["shape"]
+    lines = [
+        f"{meta['model']}: hidden {shape['hidden']}, {shape['num_experts']} experts, top-{shape['top_k']}; "
+        f"{meta['ep_size']} ranks ({meta['launcher']}) on {meta['gpu']}; {meta['iters']} iterations after "
+        f"{meta['warmup']} warm-up",
+        "times in us: median over ranks and iterations, then the slowest rank's (median over iterations); "
+        "p99 and >2x of the slowest rank's pair",
+        "GB/s of the slowest rank's median time: rem = remote bytes per rank (over NVLink), log = logical bytes "
+        "(local share included, as DeepEP counts)",
+        "",
+        f"{'tokens':>6} {'dtype':>5} {'routing':>7} {'impl':>10} {'mode':>5} | {'dispatch med/max':>17} | "
+        f"{'combine med/max':>17} | {'pair med/max':>17} {'p99':>8} {'>2x':>4} | {'disp GB/s rem/log':>17} | "
+        f"{'comb GB/s rem/log':>17} | {'host us/call':>12}",
+    ]
+    for case in cases:
+        for impl, modes in case["impls"].items():
+            for mode, stats in modes.items():
+                head = f"{case['tokens']:>6} {case['dtype']:>5} {case['routing']:>7} {impl:>10} {mode:>5} |"
+                if "error" in stats:
+                    lines.append(f"{head} {stats['error']}")
+                    continue
+                rates = " | ".join(f"{stats['gbps'][p]['remote']:8.1f} {stats['gbps'][p]['logical']:8.1f}"
+                                   for p in PHASES)
+                host = stats.get("host_us")
+                host_text = f"{host['dispatch']:5.1f} {host['combine']:5.1f}" if host else "-"
+                lines.append(f"{head} {_us(stats, 'dispatch')} | {_us(stats, 'combine')} | {_us(stats, 'pair')} "
+                             f"{stats['pair']['p99']:8.1f} {stats['pair']['over_2x']:>4} | {rates} | {host_text:>12}")
+        summary = ", ".join(f"{k} {v:.2f}" for k, v in case.get("summary", {}).items())
+        mb = {p: case["bytes"][p]["remote"] / 1e6 for p in PHASES}
+        lines.append(f"{'':>6} remote MB per rank: dispatch {mb['dispatch']:.2f}, combine {mb['combine']:.2f}"
+                     + (f"; {summary}" if summary else ""))
+    return "\n".join(lines)
+
+
+def write_json(path: str, meta: dict[str, Any], cases: list[dict[str, Any]]) -> None:
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "cases": cases}, f, indent=1, allow_nan=True)
+
+
+def write_plot(path: str, meta: dict[str, Any], cases: list[dict[str, Any]]) -> Optional[str]:
+    """Pair latency and a2a bandwidth against tokens per rank (CUDA-graph times). Returns why not, if not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib)"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series: dict[tuple, list[tuple[int, float]]] = {}
+    rates: dict[tuple, list[tuple[int, float]]] = {}
+    for case in cases:
+        for impl, modes in case["impls"].items():
+            stats = modes.get("graph", {})
+            if "pair" not in stats:
+                continue
+            key = (impl, case["dtype"], case["routing"])
+            series.setdefault(key, []).append((case["tokens"], stats["pair"]["max_rank"]))
+            if impl != "nccl_ag_rs":
+                for phase in PHASES:
+                    rates.setdefault(key + (phase,), []).append((case["tokens"], stats["gbps"][phase]["remote"]))
+    for key, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points))
+        left.plot(xs, ys, marker="o", label=" ".join(key))
+    for key, points in sorted(rates.items()):
+        xs, ys = zip(*sorted(points))
+        right.plot(xs, ys, marker="o", label=" ".join(key))
+    left.set(xscale="log", yscale="log", xlabel="tokens per rank", ylabel="dispatch + combine (us, slowest rank)",
+             title="pair latency, CUDA-graph replay")
+    right.set(xscale="log", xlabel="tokens per rank", ylabel="GB/s of remote bytes per rank",
+              title="bandwidth, CUDA-graph replay")
+    for ax in (left, right):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{meta['model']} (hidden {meta['shape']['hidden']}, top-{meta['shape']['top_k']}), "
+                 f"{meta['ep_size']} ranks, {meta['gpu']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def output_paths(output_dir: str) -> tuple[str, str]:
+    os.makedirs(output_dir, exist_ok=True)
+    return os.path.join(output_dir, "results.json"), os.path.join(output_dir, "results.png")
