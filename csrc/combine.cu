@@ -37,7 +37,7 @@ void CheckRecvCounts(const TensorView& recv_counts, const TensorView& workspace,
 void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials, TensorView recv_counts,
              TensorView out, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-             double timeout_s) {
+             double timeout_s, bool one_gpu_per_rank) {
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
@@ -93,7 +93,8 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   params.output = BytePtr(out);
   params.timeout_ns = timeout_ns;
   const int pull_vec = VecBytesFor(row_bytes, reinterpret_cast<uintptr_t>(params.output), kAlignBytes);
-  A2A_CUDA_CHECK(LaunchCombine(params, type, pull_vec, NumSMs(workspace.device().device_id), stream));
+  A2A_CUDA_CHECK(
+      LaunchCombine(params, type, pull_vec, NumSMs(workspace.device().device_id), one_gpu_per_rank, stream));
 }
 
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id) {

@@ -69,6 +69,17 @@ def env_table_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
+#: What torchrun and mpirun set for each process: read (by the benchmark) to join the launched processes. They
+#: belong to the launchers, not to this package, so they are not in :data:`ENV_VARS`.
+LAUNCHER_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID")
+
+
+def launcher_environment() -> dict[str, str]:
+    """The :data:`LAUNCHER_VARS` that are set in this process."""
+    return {name: os.environ[name] for name in LAUNCHER_VARS if name in os.environ}
+
+
 def _get(name: str) -> str:
     # An empty value counts as unset: `FOO= cmd` is the usual way to clear a variable for one command.
     return os.environ.get(name, "").strip()

@@ -253,6 +253,7 @@ def combine(
     hidden: Optional[int] = None,
     dtype: Optional[torch.dtype] = None,
     timeout_s: Optional[float] = None,
+    one_gpu_per_rank: bool = False,
 ) -> torch.Tensor:
     """Sums, for each local token, the partials of the distinct ranks it was sent to.
 
@@ -267,6 +268,10 @@ def combine(
             token received from src), or None when they were written into :func:`combine_input` (zero copy).
         out: optional ``[num_tokens, hidden]`` output of the partials' dtype.
         hidden, dtype: the combine row shape when neither ``partials`` nor ``out`` gives it.
+        one_gpu_per_rank: promise that no two ranks share a GPU (true across processes, false for simulated ranks):
+            a small zero-copy combine then runs as one kernel whose blocks all wait for the peers, a launch fewer.
+            With ranks sharing a GPU such a kernel could hold every multiprocessor while a peer on the same GPU
+            still needs one, so the default is the two-kernel combine.
 
     Returns:
         ``[num_tokens, hidden]``.
@@ -282,7 +287,7 @@ def combine(
     elif tuple(out.shape) != (num_tokens, hidden):
         raise ValueError(f"out must be [num_tokens={num_tokens}, hidden={hidden}], got {tuple(out.shape)}")
     ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
-                _timeout(timeout_s))
+                _timeout(timeout_s), one_gpu_per_rank)
     _debug_check(workspace, ep_rank)
     return out
 

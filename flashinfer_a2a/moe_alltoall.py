@@ -135,7 +135,8 @@ class MoeAlltoAll:
         num_tokens, runtime_max, counts = self._require_pending("combine")
         hidden, dtype = self._combine_row(None, None)
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
-                           out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s)
+                           out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s,
+                           one_gpu_per_rank=self._symm.one_gpu_per_rank)
         self._pending = None
         return result
 

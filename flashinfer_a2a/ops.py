@@ -137,7 +137,7 @@ def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, *sizes_a
 
 @register(
     "combine(Tensor(a!) workspace, Tensor? partials, Tensor recv_counts, Tensor(b!) out, int ep_rank, "
-    f"{_SIZES}, int runtime_max_tokens_per_rank, float timeout_s) -> ()",
+    f"{_SIZES}, int runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank) -> ()",
     dispatch_key="CUDA",
 )
 def combine(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args):

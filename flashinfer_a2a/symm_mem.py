@@ -31,6 +31,7 @@ NCCL_HINT = (
 def _capabilities(device: int) -> dict:
     return {
         "host": host_id(),
+        "gpu": str(torch.cuda.get_device_properties(device).uuid),
         "vmm": bool(drv.device_attribute(device, drv.ATTR_VMM_SUPPORTED)),
         "fd": bool(drv.device_attribute(device, drv.ATTR_POSIX_FD_SUPPORTED)),
         "fabric": bool(drv.device_attribute(device, drv.ATTR_FABRIC_SUPPORTED)),
@@ -115,6 +116,8 @@ class SymmetricWorkspace:
         with torch.cuda.device(self.device):
             torch.empty(1, device="cuda")  # the primary context the driver calls run in
         caps = [json.loads(b) for b in comm.allgather(json.dumps(_capabilities(self.device)).encode())]
+        #: No two ranks share a GPU (GPU UUIDs are unique across hosts): what a one-kernel combine needs.
+        self.one_gpu_per_rank = len({c["gpu"] for c in caps}) == len(caps)
         self.handle_type = choose_handle_type(caps)
         self._granularity = drv.granularity(self.device, self.handle_type)
         self.bytes_per_rank = -(-bytes_per_rank // self._granularity) * self._granularity

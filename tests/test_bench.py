@@ -127,3 +127,11 @@ def test_without_a_gpu_it_says_so_and_exits_nonzero(tmp_path):
     assert run.returncode == 1
     assert "needs an NVIDIA GPU" in run.stderr and "sees none" in run.stderr
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_launcher_detection():
+    from flashinfer_a2a.bench.session import launched_world_size
+
+    assert launched_world_size({}) == 1
+    assert launched_world_size({"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "1"}) == 4
+    assert launched_world_size({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "3"}) == 8

@@ -17,7 +17,7 @@ def _align(x, a=128):
 
 
 # RankMetadata written out by hand: (field, bytes), each block 128-byte aligned, sized for 72 ranks.
-_META_BLOCKS = [("epochs", 3 * 4), ("error", 4 * 4 + 8), ("send_counts", 72 * 4), ("dispatch_signal", 72 * 8),
+_META_BLOCKS = [("epochs", 4 * 4), ("error", 4 * 4 + 8), ("send_counts", 72 * 4), ("dispatch_signal", 72 * 8),
                 ("peer_runtime_max", 72 * 4), ("combine_signal", 72 * 4)]
 
 

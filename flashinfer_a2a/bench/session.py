@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import socket
 from typing import Any, Optional
@@ -11,13 +10,15 @@ from typing import Any, Optional
 import torch
 
 from ..comm import Communicator, as_communicator
+from ..config import launcher_environment
 
 
-def launched_world_size() -> int:
+def launched_world_size(env: Optional[dict[str, str]] = None) -> int:
     """Processes started together by torchrun (WORLD_SIZE) or mpirun (OMPI/PMI variables); 1 otherwise."""
+    env = launcher_environment() if env is None else env
     for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        if name in os.environ:
-            return int(os.environ[name])
+        if name in env:
+            return int(env[name])
     return 1
 
 
@@ -67,25 +68,24 @@ def start(sim_ranks: int) -> Session:
     ranks when this process was started alone."""
     import torch.distributed as dist
 
-    if launched_world_size() <= 1:
+    env = launcher_environment()
+    if launched_world_size(env) <= 1:
         return Session("simulated", sim_ranks, 0, torch.device("cuda", torch.cuda.current_device()))
-    if "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
+    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
-        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
-        address = world.bcast((socket.gethostname(), _free_port()) if world.rank == 0 else None, root=0)
-        os.environ.setdefault("MASTER_ADDR", address[0])
-        os.environ.setdefault("MASTER_PORT", str(address[1]))
-        launcher, rank, size, group = "mpirun", world.rank, world.size, world
+        local = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("MPI_LOCALRANKID", "0")))
+        host, port = world.bcast((socket.gethostname(), _free_port()) if world.rank == 0 else None, root=0)
+        launcher, rank, size, group, init = "mpirun", world.rank, world.size, world, f"tcp://{host}:{port}"
     else:
-        local, rank, size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        launcher, group = "torchrun", None
+        local, rank, size = int(env["LOCAL_RANK"]), int(env["RANK"]), int(env["WORLD_SIZE"])
+        launcher, group, init = "torchrun", None, "env://"
     if local >= torch.cuda.device_count():
         raise RuntimeError(f"local rank {local} has no GPU: {torch.cuda.device_count()} visible on this host")
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
-    dist.init_process_group("nccl", rank=rank, world_size=size, device_id=device)
+    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=size, device_id=device)
     if group is None:
         group = dist.new_group(backend="gloo")
     return Session(launcher, size, rank, device, as_communicator(group), group, dist.group.WORLD)

@@ -51,6 +51,7 @@ struct alignas(kAlignBytes) RankMetadata {
   alignas(kAlignBytes) uint32_t dispatch_epoch;  // dispatches completed since initialize
   uint32_t combine_epoch;                        // combines completed since initialize
   uint32_t blocks_done;                          // completion counter of the running kernel; 0 between launches
+  uint32_t combine_published;                    // epoch the one-kernel combine has published (claimed by one block)
   alignas(kAlignBytes) ErrorRecord error;
   alignas(kAlignBytes) int32_t send_counts[kMaxRanks];  // tokens sent to each rank by the running dispatch
   // Written by peers, indexed by the writing rank.

@@ -31,6 +31,9 @@ class Case:
     zero_copy: bool = False
     caller_out: bool = False
     with_ids: bool = True  # also dispatch topk_ids as a payload (then sanitize is checked on it)
+    # The one-kernel combine (zero copy only). On simulated ranks it is safe only while every rank's blocks fit on
+    # the GPU at once: small cases.
+    one_gpu_per_rank: bool = False
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
@@ -112,7 +115,7 @@ def run_case(case: Case, device="cuda", seed: Optional[int] = None, sim: Optiona
     got = sim.run(lambda r: fa.combine(
         sim.workspace, r, sim.config, results[r][1], case.tokens[r], case.runtime_max,
         None if inputs is None else inputs[r], out=None if outs is None else outs[r],
-        hidden=case.hidden, dtype=case.combine_dtype, timeout_s=timeout_s))
+        hidden=case.hidden, dtype=case.combine_dtype, timeout_s=timeout_s, one_gpu_per_rank=case.one_gpu_per_rank))
     torch.cuda.synchronize()
     for r in range(case.ep_size):
         if outs is not None:

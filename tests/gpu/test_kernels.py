@@ -60,3 +60,16 @@ def test_workspace_reused_across_many_rounds():
     for _ in range(5):
         rng = random.Random()
         run_case(Case(4, 8, 1024, 32, [rng.randint(0, 64) for _ in range(4)], 64), sim=sim)
+
+
+# (2, [200, 1]): rank 0's pull is too big for one kernel, rank 1's is not; each rank chooses for itself.
+@pytest.mark.parametrize("ep_size,tokens,hidden", [(1, [9], 7168), (2, [1, 0], 7168), (2, [4, 3], 7169),
+                                                   (4, [16, 0, 5, 16], 2880), (2, [200, 1], 7168)])
+def test_one_kernel_combine(ep_size, tokens, hidden):
+    # At most a wave of blocks per rank: every rank's blocks fit on the GPU together, so simulated ranks cannot
+    # starve each other (what one_gpu_per_rank otherwise promises).
+    case = Case(ep_size, 8, hidden, 16 * ep_size, tokens, max(tokens), zero_copy=True, caller_out=True,
+                one_gpu_per_rank=True)
+    sim = run_case(case)
+    for _ in range(2):  # the epochs advance inside the one kernel too
+        run_case(case, sim=sim)

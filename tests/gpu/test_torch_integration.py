@@ -33,8 +33,8 @@ def test_opcheck_dispatch_and_combine():
     partials = torch.randn(1, 32, HIDDEN, generator=gen).to(torch.bfloat16).cuda()
     out = torch.empty(32, HIDDEN, dtype=torch.bfloat16, device="cuda")
     torch.library.opcheck(ops.combine.overload,
-                          (sim.workspace, partials, recv_counts, out, 0, *config.sizes(), 32, 5.0))
-    ops.combine(sim.workspace, partials, recv_counts, out, 0, *config.sizes(), 32, 5.0)
+                          (sim.workspace, partials, recv_counts, out, 0, *config.sizes(), 32, 5.0, False))
+    ops.combine(sim.workspace, partials, recv_counts, out, 0, *config.sizes(), 32, 5.0, False)
     torch.cuda.synchronize()
     assert torch.equal(out, partials[0])  # one rank: every token's sum is its own partial
     fa.check_error(sim.workspace, 0)
