@@ -96,7 +96,7 @@ class MoeAlltoAll:
         if not 0 <= runtime_max <= self.config.max_num_tokens:
             raise ValueError(f"runtime_max_tokens_per_rank={runtime_max} exceeds max_num_tokens="
                              f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
-        # Shapes of topk_ids and payloads against the workspace sizes: checked by F.dispatch before any launch.
+        # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
         if F.debug_checks_due():
             self._check_same_call(runtime_max)
         # Eager calls reuse one counts tensor, valid (like the views) until the next dispatch; traced calls get a

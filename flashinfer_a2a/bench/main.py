@@ -79,9 +79,17 @@ def _run_case(args: BenchArgs, session: Session, a2a: A2A, case: Case) -> dict[s
     return result
 
 
+def _launch_prefix(session: Session) -> str:
+    if session.launcher == "torchrun":
+        return f"torchrun --nproc-per-node {session.ep_size} "
+    if session.launcher == "mpirun":
+        return f"mpirun -n {session.ep_size} python "
+    return "python "
+
+
 def _meta(args: BenchArgs, session: Session, argv: Sequence[str]) -> dict[str, Any]:
     return {
-        "command": "python -m flashinfer_a2a.bench " + " ".join(argv),
+        "command": _launch_prefix(session) + " ".join(["-m flashinfer_a2a.bench", *argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(session.device),
         "gpu_count": torch.cuda.device_count(),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Optional
 
@@ -116,10 +115,6 @@ def write_plot(path: str, meta: dict[str, Any], cases: list[dict[str, Any]]) -> 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return None
-
-
-def finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))
 
 
 def output_paths(output_dir: str) -> tuple[str, str]:
