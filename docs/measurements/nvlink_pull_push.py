@@ -7,8 +7,8 @@
 
     python docs/measurements/nvlink_pull_push.py     # needs 2 GPUs with peer access, and cupy
 
-Printed on 2×H200 (NV18), 2026-11-23: push 323.6 us (363 GB/s), pull 352.6 us (333 GB/s), pull+add 354.1 us
-(332 GB/s) per GPU, the same at 1, 2 and 4 blocks of 512 threads per multiprocessor.
+Two runs on 2×H200 (NV18), 2026-11-23, best of 1, 2 and 4 blocks of 512 threads per multiprocessor, per GPU:
+push 323.6 / 325.2 us (363 / 361 GB/s), pull 352.6 / 354.8 us (333 / 331 GB/s), pull+add 354.1 / 354.9 us.
 """
 
 import cupy as cp
@@ -63,7 +63,8 @@ def measure(gpus, kind: str, blocks_per_sm: int) -> list[float]:
             name, args = "copy", (ptr(peer["a"]), ptr(me["out"]), n)
         else:
             name, args = "add", (ptr(peer["a"]), ptr(me["b"]), ptr(me["out"]), n)
-        launches.append((dev, gpu, gpu["module"].get_function(name), args, cp.cuda.Event(), cp.cuda.Event()))
+        with cp.cuda.Device(dev):  # events belong to the device they are created on
+            launches.append((dev, gpu, gpu["module"].get_function(name), args, cp.cuda.Event(), cp.cuda.Event()))
     for dev in (0, 1):
         cp.cuda.Device(dev).synchronize()
     for dev, gpu, kernel, args, start, end in launches:  # both GPUs run at once
