@@ -14,6 +14,9 @@ Dimensions used throughout:
 - ``runtime_max``: ``runtime_max_tokens_per_rank``, the row capacity of each receive block.
 - ``hidden``: width of a combine row.
 
+The quantized wire formats (FP8 block scales, MXFP8, NVFP4, the 128x4 scale layout) are defined in
+:mod:`flashinfer_a2a.reference.quant`.
+
 Kernels are compared against this module bitwise: received payload rows byte for byte, combine outputs bit for
 bit. Receive rows past ``recv_counts[d][src]`` are unspecified by the contract; here they hold
 :data:`POISON_BYTE` in every byte, and tests compare only the valid rows (:func:`valid_row_mask`).
