@@ -168,3 +168,43 @@ def test_swizzle_keeps_leading_dims_and_dtype():
     assert out.shape == (3, 2, 128 * 8) and out.dtype == torch.float8_e4m3fn
     back = q.unswizzle_scales_128x4(out, 40, 7)
     assert torch.equal(back.view(torch.uint8), scales.view(torch.uint8))
+
+
+def _routing(ep_size, tokens, gen):
+    from flashinfer_a2a import reference as routing_ref
+
+    ids = [routing_ref.random_topk_ids(tokens, 8, 64, generator=gen) for _ in range(ep_size)]
+    return routing_ref.reference_dispatch(ids, [[torch.zeros(tokens, 1)] for _ in range(ep_size)], 64, tokens)
+
+
+def test_fp8_wire_combine_is_the_combine_of_the_dequantized_partials():
+    from flashinfer_a2a.reference import reference_combine
+
+    gen = torch.Generator().manual_seed(1)
+    result = _routing(2, 16, gen)
+    partials = [torch.randn(2, 16, 256, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    got = q.reference_combine_fp8(partials, result)
+    want = reference_combine([q.dequantize_fp8_block(*q.quantize_fp8_block(p)) for p in partials], result,
+                             out_dtype=torch.bfloat16)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and got[0].dtype == torch.bfloat16
+    # Partials on the FP8 grid of a power-of-two block scale (every block's maximum 448 * 2**-3) travel exactly:
+    # the same result as the bf16 combine.
+    exact = []
+    for p in partials:
+        grid = (p.float() * 100).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+        grid[..., ::128] = 448.0
+        exact.append((grid * 2.0**-3).to(torch.bfloat16))
+    assert all(torch.equal(g, w) for g, w in zip(q.reference_combine_fp8(exact, result),
+                                                  reference_combine(exact, result)))
+
+
+def test_fp8_wire_combine_error_on_gaussian_partials():
+    from flashinfer_a2a.reference import reference_combine
+
+    gen = torch.Generator().manual_seed(2)
+    result = _routing(4, 64, gen)
+    partials = [torch.randn(4, 64, 1024, generator=gen).to(torch.bfloat16) for _ in range(4)]
+    fp8 = torch.cat(q.reference_combine_fp8(partials, result)).float()
+    bf16 = torch.cat(reference_combine(partials, result)).float()
+    rel = float((fp8 - bf16).norm() / bf16.norm())
+    assert 0.015 < rel < 0.03  # docs/quantized_formats.md: 2.6% at hidden 7168

@@ -28,9 +28,11 @@ __all__ = [
     "dequantize_fp8_block",
     "dequantize_mxfp8",
     "dequantize_nvfp4",
+    "fp8_wire",
     "quantize_fp8_block",
     "quantize_mxfp8",
     "quantize_nvfp4",
+    "reference_combine_fp8",
     "swizzle_scales_128x4",
     "unswizzle_scales_128x4",
 ]
@@ -204,3 +206,21 @@ def unswizzle_scales_128x4(swizzled: torch.Tensor, rows: int, cols: int) -> torc
     raw = swizzled.view(torch.uint8).reshape(-1, swizzled.shape[-1])
     out = raw[:, _swizzled_index(rows, cols).flatten()]
     return out.view(swizzled.dtype).reshape(*swizzled.shape[:-1], rows, cols)
+
+
+def fp8_wire(partials: torch.Tensor) -> torch.Tensor:
+    """What a scaled FP8 combine delivers of ``partials`` ``[..., hidden]``: every row quantized by
+    :func:`quantize_fp8_block` on the rank that computed it and dequantized (fp32 ``q * scale``) on the rank that
+    sums it. fp32, same shape."""
+    return dequantize_fp8_block(*quantize_fp8_block(partials))
+
+
+def reference_combine_fp8(partials, routing, num_experts: int | None = None, *,
+                          out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """:func:`flashinfer_a2a.reference.reference_combine` over an FP8 wire: each partial passes through
+    :func:`fp8_wire`, then the same fp32 sum in increasing rank order, cast once to ``out_dtype`` (default: the
+    partials' dtype)."""
+    from . import reference_combine
+
+    out_dtype = partials[0].dtype if out_dtype is None else out_dtype
+    return reference_combine([fp8_wire(p) for p in partials], routing, num_experts, out_dtype=out_dtype)
