@@ -14,7 +14,7 @@ from .args import DTYPES, BenchArgs, parse_args
 from .impls import A2A, Case, dispatch_row_bytes, make_case, nccl_a2a_steps, nccl_ag_rs_steps
 from .report import add_derived, format_table, output_paths, write_json, write_plot
 from .session import Session, start
-from .timing import RankSteps, summarize, time_loop
+from .timing import PHASES, RankSteps, summarize, time_loop
 
 NO_GPU_MESSAGE = (
     "flashinfer_a2a.bench needs an NVIDIA GPU (Hopper or Blackwell) and this process sees none "
@@ -54,8 +54,7 @@ def _time_impl(session: Session, args: BenchArgs, make_steps: Callable[[], Seque
         stats: dict[str, Any] = summarize(gpu, pair_us)
         if timings.host_us is not None:
             host = torch.cat([torch.tensor(t) for t in session.gather(timings.host_us.tolist())])
-            stats["host_us"] = {phase: float(host[..., j].flatten().median()) for j, phase in
-                                enumerate(("dispatch", "combine"))}
+            stats["host_us"] = {phase: float(host[..., j].flatten().median()) for j, phase in enumerate(PHASES)}
         results[mode] = stats
     return results
 
