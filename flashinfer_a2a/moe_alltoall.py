@@ -9,6 +9,7 @@ import torch
 from . import functional as F
 from .comm import as_communicator
 from .symm_mem import SymmetricWorkspace
+from .wire_formats import wire_format
 
 
 class MoeAlltoAll:
@@ -27,6 +28,9 @@ class MoeAlltoAll:
         dtype: activation dtype dispatched and combined (default bf16).
         extra_dispatch_bytes_per_token: room for further payloads (scales, ...). By default room for int64 top-k ids
             and fp32 top-k weights.
+        dispatch_format: the hidden states travel pre-quantized in this format (``"fp8_block"``, ``"mxfp8"`` or
+            ``"nvfp4"``, see :mod:`flashinfer_a2a.wire_formats`): dispatch rows are sized for its values and
+            scales (two payloads) instead of ``dtype``; combine rows stay ``hidden_size`` x ``dtype``.
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of the three above.
         device: this rank's GPU (default: the current device).
     """
@@ -41,6 +45,7 @@ class MoeAlltoAll:
         hidden_size: Optional[int] = None,
         dtype: torch.dtype = torch.bfloat16,
         extra_dispatch_bytes_per_token: Optional[int] = None,
+        dispatch_format: Optional[str] = None,
         dispatch_bytes_per_token: Optional[int] = None,
         combine_bytes_per_token: Optional[int] = None,
         device: Optional[int] = None,
@@ -54,8 +59,12 @@ class MoeAlltoAll:
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
         extra = top_k * (8 + 4) if extra_dispatch_bytes_per_token is None else extra_dispatch_bytes_per_token
+        fmt = None if dispatch_format is None else wire_format(dispatch_format)
+        hidden_wire_bytes = None if hidden_size is None else hidden_size * dtype.itemsize
+        if fmt is not None and hidden_size is not None:
+            hidden_wire_bytes = fmt.row_bytes(hidden_size)
         if dispatch_bytes_per_token is None:
-            dispatch_bytes_per_token = hidden_size * dtype.itemsize + extra
+            dispatch_bytes_per_token = hidden_wire_bytes + extra
         if combine_bytes_per_token is None:
             combine_bytes_per_token = hidden_size * dtype.itemsize
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts

@@ -1,0 +1,28 @@
+"""Workspace sizing of pre-quantized dispatch: the bytes per token of each wire format match what the reference
+quantizers produce (MoeAlltoAll's check of the format name is in tests/test_moe_alltoall.py)."""
+
+import pytest
+import torch
+
+from flashinfer_a2a.reference import quant
+from flashinfer_a2a.wire_formats import WIRE_FORMATS, wire_format
+
+QUANTIZERS = {
+    "fp8_block": quant.quantize_fp8_block,
+    "mxfp8": quant.quantize_mxfp8,
+    "nvfp4": lambda x: quant.quantize_nvfp4(x, 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WIRE_FORMATS))
+@pytest.mark.parametrize("hidden", [1, 16, 17, 2880, 7168, 7169])
+def test_row_bytes_are_what_the_quantizer_produces(name, hidden):
+    values, scales = QUANTIZERS[name](torch.randn(3, hidden))
+    fmt = wire_format(name)
+    assert fmt.value_bytes(hidden) == values[0].nbytes
+    assert fmt.scale_bytes_per_token(hidden) == scales[0].nbytes
+    assert fmt.row_bytes(hidden) == values[0].nbytes + scales[0].nbytes
+
+
+def test_deepseek_v3_rows():
+    assert [wire_format(n).row_bytes(7168) for n in ("fp8_block", "mxfp8", "nvfp4")] == [7392, 7392, 4032]
