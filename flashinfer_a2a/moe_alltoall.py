@@ -59,12 +59,10 @@ class MoeAlltoAll:
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
         extra = top_k * (8 + 4) if extra_dispatch_bytes_per_token is None else extra_dispatch_bytes_per_token
-        fmt = None if dispatch_format is None else wire_format(dispatch_format)
-        hidden_wire_bytes = None if hidden_size is None else hidden_size * dtype.itemsize
-        if fmt is not None and hidden_size is not None:
-            hidden_wire_bytes = fmt.row_bytes(hidden_size)
+        fmt = None if dispatch_format is None else wire_format(dispatch_format)  # checked even when unused
         if dispatch_bytes_per_token is None:
-            dispatch_bytes_per_token = hidden_wire_bytes + extra
+            hidden_bytes = hidden_size * dtype.itemsize if fmt is None else fmt.row_bytes(hidden_size)
+            dispatch_bytes_per_token = hidden_bytes + extra
         if combine_bytes_per_token is None:
             combine_bytes_per_token = hidden_size * dtype.itemsize
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
@@ -108,20 +106,19 @@ class MoeAlltoAll:
         # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
         if F.debug_checks_due():
             self._check_same_call(runtime_max)
-        # Eager calls reuse one counts tensor, valid (like the views) until the next dispatch; traced calls get a
-        # fresh one.
-        counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                   self.num_experts, timeout_s=timeout_s,
-                                   recv_counts=None if torch.compiler.is_compiling() else self._recv_counts)
+        if torch.compiler.is_compiling():  # fresh tensors: a traced view or counts tensor must not be kept
+            recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
+                                      self.num_experts, timeout_s=timeout_s)
+        else:  # eager: one counts tensor and cached views, valid (like the views always were) until the next dispatch
+            counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
+                                       self.num_experts, timeout_s=timeout_s, recv_counts=self._recv_counts)
+            recv = self._recv_views(runtime_max, payloads)
         self._pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
-        return self._recv_views(runtime_max, payloads), counts
+        return recv, counts
 
     def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The receive views, built once per shape in eager mode: making them costs more host time than the launch.
-        While torch.compile traces, fresh ones (a traced view must not be kept)."""
-        if torch.compiler.is_compiling():
-            return F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads)
+        """The receive views, built once per shape: making them costs more host time than the launch."""
         key = (runtime_max, tuple((p.dtype, p.shape[1:]) for p in payloads))
         views = self._views.get(key)
         if views is None:

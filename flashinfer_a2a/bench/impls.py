@@ -92,15 +92,14 @@ class A2A:
     def steps(self, case: Case) -> list[RankSteps]:
         """Steps of the ranks of this process; runs one untimed round first and fills the combine inputs."""
         steps = [self._rank_steps(case, rank) for rank in case.payloads]
-        streams = [s.stream or torch.cuda.current_stream() for s in steps]
-        for s, stream in zip(steps, streams):
-            with torch.cuda.stream(stream):
+        for s in steps:
+            with s.on_stream():
                 s.dispatch()
-        for rank, stream in zip(case.payloads, streams):
-            with torch.cuda.stream(stream):
+        for rank, s in zip(case.payloads, steps):
+            with s.on_stream():
                 self._combine_input(case, rank).normal_()
-        for s, stream in zip(steps, streams):
-            with torch.cuda.stream(stream):
+        for s in steps:
+            with s.on_stream():
                 s.combine()
         torch.cuda.synchronize()
         self.check(case)

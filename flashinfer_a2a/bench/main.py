@@ -23,6 +23,11 @@ NO_GPU_MESSAGE = (
 )
 
 
+def _all_ranks(session: Session, times: torch.Tensor) -> torch.Tensor:
+    """Every process's ``[ranks here, ...]`` times, concatenated along the ranks."""
+    return torch.cat([torch.tensor(t) for t in session.gather(times.tolist())])
+
+
 def _time_impl(session: Session, args: BenchArgs, make_steps: Callable[[], Sequence[RankSteps]],
                check: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Times one implementation in every mode; a failure on any rank becomes an ``error`` entry on all ranks."""
@@ -49,11 +54,10 @@ def _time_impl(session: Session, args: BenchArgs, make_steps: Callable[[], Seque
         if errors:
             results[mode] = {"error": errors[0].splitlines()[0][:200]}
             continue
-        gpu = torch.cat([torch.tensor(t) for t in session.gather(timings.gpu_us.tolist())])
-        pair_us = torch.cat([torch.tensor(t) for t in session.gather(pair.gpu_us[..., 0].tolist())])
-        stats: dict[str, Any] = summarize(gpu, pair_us)
+        stats: dict[str, Any] = summarize(_all_ranks(session, timings.gpu_us),
+                                          _all_ranks(session, pair.gpu_us[..., 0]))
         if timings.host_us is not None:
-            host = torch.cat([torch.tensor(t) for t in session.gather(timings.host_us.tolist())])
+            host = _all_ranks(session, timings.host_us)
             stats["host_us"] = {phase: float(host[..., j].flatten().median()) for j, phase in enumerate(PHASES)}
         results[mode] = stats
     return results

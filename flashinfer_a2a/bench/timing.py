@@ -29,6 +29,10 @@ class RankSteps:
     combine: Callable[[], object]
     stream: Optional[torch.cuda.Stream] = None
 
+    def on_stream(self):
+        """Context making the rank's stream current (nothing to do without one of its own)."""
+        return contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
+
 
 @dataclasses.dataclass
 class Timings:
@@ -41,7 +45,7 @@ def _launch_iteration(ranks: Sequence[RankSteps], events, host: Optional[list], 
     the calls runs between the events of a rank without its own stream (eager mode in a process per rank)."""
     for j, phase in enumerate(PHASES):
         for k, steps in enumerate(ranks):
-            with contextlib.nullcontext() if steps.stream is None else torch.cuda.stream(steps.stream):
+            with steps.on_stream():
                 if j < len(events[k][i]):
                     events[k][i][j].record()
                 call = getattr(steps, phase)
@@ -55,7 +59,7 @@ def _launch_iteration(ranks: Sequence[RankSteps], events, host: Optional[list], 
 
 def _close(ranks: Sequence[RankSteps], events, total: int) -> None:
     for k, steps in enumerate(ranks):
-        with contextlib.nullcontext() if steps.stream is None else torch.cuda.stream(steps.stream):
+        with steps.on_stream():
             events[k][total][0].record()
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from flashinfer_a2a.jit import JitSpec
+from flashinfer_a2a.wire_formats import wire_format
 
-FORMATS = {"fp8_block": 0, "mxfp8": 1, "nvfp4": 2}
-BLOCKS = {"fp8_block": 128, "mxfp8": 32, "nvfp4": 16}
+FORMATS = {"fp8_block": 0, "mxfp8": 1, "nvfp4": 2}  # the Format enum of quant_probe.cu
 
 
 def probe_spec() -> JitSpec:
@@ -19,10 +19,9 @@ def probe_spec() -> JitSpec:
 def quantize_rows(module, x: torch.Tensor, fmt: str, global_scale: float = 1.0):
     """The device quantizer on ``x`` ``[rows, hidden]`` fp32 (CUDA): ``(values, scales)`` like the reference's."""
     rows, hidden = x.shape
-    blocks = -(-hidden // BLOCKS[fmt])
-    width = (hidden + 1) // 2 if fmt == "nvfp4" else hidden
-    values = torch.empty(rows, width, dtype=torch.uint8, device=x.device)
-    scale_dtype = torch.float32 if fmt == "fp8_block" else torch.uint8
-    scales = torch.empty(rows, blocks, dtype=scale_dtype, device=x.device)
+    wire = wire_format(fmt)
+    values = torch.empty(rows, wire.value_bytes(hidden), dtype=torch.uint8, device=x.device)
+    scale_dtype = torch.float32 if wire.scale_bytes == 4 else torch.uint8
+    scales = torch.empty(rows, -(-hidden // wire.block), dtype=scale_dtype, device=x.device)
     module.quantize_rows(x.contiguous(), FORMATS[fmt], float(global_scale), values, scales)
     return values, scales
