@@ -20,7 +20,8 @@ int64_t GetWorkspaceSize(int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
                          int64_t combine_bytes_per_token);
 Array<int64_t> GetDispatchLayout(int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
                                  int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token,
-                                 int64_t runtime_max_tokens_per_rank, Array<int64_t> payload_row_bytes);
+                                 int64_t runtime_max_tokens_per_rank, Array<int64_t> payload_row_bytes,
+                                 int64_t quant_format, int64_t quant_hidden, bool swizzled_scales);
 Map<String, int64_t> GetMetainfoIndexPairs();
 void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens,
                 int64_t top_k, int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token);
@@ -28,12 +29,13 @@ void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int6
 void Dispatch(TensorView workspace, TensorView topk_ids, Array<Tensor> payloads, TensorView recv_counts,
               int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-              int64_t num_experts, double timeout_s);
+              int64_t num_experts, double timeout_s, int64_t quant_format, Optional<Tensor> global_scale,
+              bool swizzled_scales);
 // combine.cu
 void Combine(TensorView workspace, Optional<Tensor> partials, TensorView recv_counts, TensorView out,
              int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-             double timeout_s, bool one_gpu_per_rank);
+             double timeout_s, bool one_gpu_per_rank, int64_t quant_format);
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id);
 
 }  // namespace flashinfer_a2a

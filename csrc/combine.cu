@@ -37,7 +37,7 @@ void CheckRecvCounts(const TensorView& recv_counts, const TensorView& workspace,
 void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials, TensorView recv_counts,
              TensorView out, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-             double timeout_s, bool one_gpu_per_rank) {
+             double timeout_s, bool one_gpu_per_rank, int64_t quant_format) {
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
@@ -58,6 +58,17 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
       << "combine rows of hidden=" << hidden << " need " << row_bytes
       << " bytes, the workspace was sized for combine_bytes_per_token=" << combine_bytes_per_token;
   const uint64_t timeout_ns = TimeoutNs(timeout_s);
+  TVM_FFI_CHECK(quant_format == 0 || quant_format == 1, ValueError)
+      << "combine quant_format must be 0 (none) or 1 (fp8_block), got " << quant_format;
+  const bool fp8_wire = quant_format == 1;
+  if (fp8_wire) {
+    TVM_FFI_CHECK(type != FloatType::kFloat32, TypeError) << "an FP8-wire combine needs bfloat16 or float16 out";
+    TVM_FFI_CHECK(hidden % kQuantLaneElems == 0 && hidden <= kFp8WireMaxCols * quant::kFp8Block, ValueError)
+        << "an FP8-wire combine needs hidden % 8 == 0 and hidden <= " << kFp8WireMaxCols * quant::kFp8Block
+        << ", got hidden=" << hidden;
+    TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(BytePtr(out)) % 16 == 0, ValueError)
+        << "an FP8-wire combine needs out 16-byte aligned";
+  }
 
   uint8_t* base = static_cast<uint8_t*>(BytePtr(workspace));
   const uint8_t* region = base + ep_rank * workspace.stride(0) + layout.combine_offset;
@@ -75,6 +86,8 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
     CheckSameDevice(in, workspace, "partials", "workspace");
     // The workspace's own combine region needs no copy: the expert side wrote straight into it.
     if (BytePtr(in) != region) input = static_cast<const uint8_t*>(BytePtr(in));
+    TVM_FFI_CHECK(!fp8_wire || reinterpret_cast<uintptr_t>(input) % 16 == 0, ValueError)
+        << "an FP8-wire combine needs partials 16-byte aligned";
   }
 
   DeviceGuard guard(workspace.device().device_id);
@@ -92,6 +105,9 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   params.recv_counts = static_cast<const int32_t*>(BytePtr(recv_counts));
   params.output = BytePtr(out);
   params.timeout_ns = timeout_ns;
+  params.fp8_wire = fp8_wire;
+  params.fp16 = type == FloatType::kFloat16;
+  params.hidden = static_cast<int32_t>(hidden);
   const int pull_vec = VecBytesFor(row_bytes, reinterpret_cast<uintptr_t>(params.output), kAlignBytes);
   A2A_CUDA_CHECK(
       LaunchCombine(params, type, pull_vec, NumSMs(workspace.device().device_id), one_gpu_per_rank, stream));

@@ -20,12 +20,57 @@ int64_t RowBytes(const TensorView& t) {
   return row;
 }
 
+// The quantization a dispatch asks for, checked: payloads[0] bf16|fp16 [num_tokens, hidden], and a global scale
+// exactly when the format is NVFP4.
+QuantRequest CheckQuantRequest(QuantFormat format, const tvm::ffi::Array<tvm::ffi::Tensor>& payloads,
+                               const tvm::ffi::Optional<tvm::ffi::Tensor>& global_scale, const TensorView& workspace,
+                               bool swizzled_scales) {
+  int64_t hidden = 0;
+  if (format != QuantFormat::kNone) {
+    TVM_FFI_CHECK(!payloads.empty() && TensorView(payloads[0]).ndim() == 2 &&
+                      (IsDType(payloads[0], kDLBfloat, 16) || IsDType(payloads[0], kDLFloat, 16)),
+                  TypeError)
+        << "payloads[0] (the hidden states to quantize) must be [num_tokens, hidden] bfloat16 or float16";
+    hidden = TensorView(payloads[0]).size(1);
+  }
+  const bool nvfp4 = format == QuantFormat::kNvfp4;
+  TVM_FFI_CHECK(global_scale.has_value() == nvfp4, ValueError)
+      << (nvfp4 ? "quant_format nvfp4 needs global_scale" : "global_scale is only used by quant_format nvfp4");
+  if (nvfp4) {
+    const tvm::ffi::Tensor gs_tensor = global_scale.value();
+    const TensorView gs = gs_tensor;
+    TVM_FFI_CHECK(IsDType(gs, kDLFloat, 32) && gs.numel() == 1, ValueError)
+        << "global_scale must be a float32 tensor of one element";
+    CheckSameDevice(gs, workspace, "global_scale", "workspace");
+  }
+  return MakeQuantRequest(format, hidden, swizzled_scales);
+}
+
+DispatchQuant MakeDispatchQuant(const QuantRequest& quant, const RecvRegions& regions, const TensorView& hidden_states,
+                                int64_t runtime_max) {
+  const QuantWire wire = WireOf(quant.format);
+  DispatchQuant q{};
+  q.format = quant.format;
+  q.fp16 = IsDType(hidden_states, kDLFloat, 16);
+  q.vectorized =
+      quant.hidden % kQuantLaneElems == 0 && reinterpret_cast<uintptr_t>(BytePtr(hidden_states)) % 16 == 0;
+  q.swizzled = quant.swizzled;
+  q.hidden = static_cast<int32_t>(quant.hidden);
+  q.scale_cols = static_cast<int32_t>(wire.ScaleCols(quant.hidden));
+  q.value_row_bytes = wire.ValueBytes(quant.hidden);
+  q.values_offset = regions.offsets[0];
+  q.scales_offset = regions.offsets[1];
+  q.scale_block_bytes = wire.ScaleBlockBytes(quant.hidden, runtime_max, quant.swizzled);
+  return q;
+}
+
 }  // namespace
 
 void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ffi::Tensor> payloads,
               TensorView recv_counts, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-              int64_t num_experts, double timeout_s) {
+              int64_t num_experts, double timeout_s, int64_t quant_format,
+              tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales) {
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
@@ -64,17 +109,25 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
     CheckSameDevice(payload, workspace, "payloads[i]", "workspace");
     rows.push_back(RowBytes(payload));
   }
-  int64_t row_bytes[kMaxPayloads];
-  CheckPayloadRows(config, runtime_max_tokens_per_rank, rows, row_bytes);
-  ComputeRecvOffsets(layout, config.ep_size, runtime_max_tokens_per_rank, row_bytes, params.num_payloads,
-                     params.recv_offset);
+  const QuantRequest quant = CheckQuantRequest(ToQuantFormat(quant_format), payloads, global_scale, workspace,
+                                               swizzled_scales);
+  const bool quantize = quant.format != QuantFormat::kNone;
+  const RecvRegions regions = PlanRecvRegions(config, layout, runtime_max_tokens_per_rank, rows, quant);
   for (int p = 0; p < params.num_payloads; ++p) {
     params.payload[p] = static_cast<const uint8_t*>(BytePtr(TensorView(payloads[p])));
-    params.row_bytes[p] = row_bytes[p];
-    params.vec_bytes[p] = VecBytesFor(row_bytes[p], reinterpret_cast<uintptr_t>(params.payload[p]), kAlignBytes);
+    params.row_bytes[p] = rows[p];
+    params.recv_offset[p] = regions.offsets[quantize && p > 0 ? p + 1 : p];  // values and scales come first
+    params.vec_bytes[p] = VecBytesFor(rows[p], reinterpret_cast<uintptr_t>(params.payload[p]), kAlignBytes);
     const int64_t piece_bytes = 32 * kDispatchPieceVectors * params.vec_bytes[p];
-    params.pieces[p] = static_cast<int32_t>((row_bytes[p] + piece_bytes - 1) / piece_bytes);
+    const int64_t pieces = quantize && p == 0 ? (quant.hidden + kQuantPieceElems - 1) / kQuantPieceElems
+                                              : (rows[p] + piece_bytes - 1) / piece_bytes;
+    params.pieces[p] = static_cast<int32_t>(pieces);
     params.pieces_per_token += params.pieces[p];
+  }
+  if (quantize) params.quant = MakeDispatchQuant(quant, regions, payloads[0], runtime_max_tokens_per_rank);
+  if (global_scale.has_value()) {
+    const tvm::ffi::Tensor gs = global_scale.value();
+    params.quant.global_scale = static_cast<const float*>(BytePtr(gs));
   }
 
   DeviceGuard guard(workspace.device().device_id);

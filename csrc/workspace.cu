@@ -95,17 +95,16 @@ namespace flashinfer_a2a {
 tvm::ffi::Array<int64_t> GetDispatchLayout(int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
                                            int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token,
                                            int64_t runtime_max_tokens_per_rank,
-                                           tvm::ffi::Array<int64_t> payload_row_bytes) {
+                                           tvm::ffi::Array<int64_t> payload_row_bytes, int64_t quant_format,
+                                           int64_t quant_hidden, bool swizzled_scales) {
   auto config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
-  const int num_payloads = static_cast<int>(payload_row_bytes.size());
-  int64_t row_bytes[kMaxPayloads];
-  CheckPayloadRows(config, runtime_max_tokens_per_rank, payload_row_bytes, row_bytes);
-  int64_t offsets[kMaxPayloads];
   const WorkspaceLayout layout = ComputeLayout(config);
-  ComputeRecvOffsets(layout, config.ep_size, runtime_max_tokens_per_rank, row_bytes, num_payloads, offsets);
+  const QuantRequest quant = MakeQuantRequest(ToQuantFormat(quant_format), quant_hidden, swizzled_scales);
+  const RecvRegions regions =
+      PlanRecvRegions(config, layout, runtime_max_tokens_per_rank, payload_row_bytes, quant);
   tvm::ffi::Array<int64_t> result;
-  for (int p = 0; p < num_payloads; ++p) result.push_back(offsets[p]);
+  for (int p = 0; p < regions.count; ++p) result.push_back(regions.offsets[p]);
   result.push_back(layout.combine_offset);
   return result;
 }

@@ -37,25 +37,87 @@ inline WorkspaceLayout CheckCudaWorkspace(const TensorView& workspace, int64_t e
   return layout;
 }
 
-// Checks a dispatch's runtime_max and payload row sizes against the workspace's sizes; copies the row sizes out.
+// What a dispatch quantizes: its first payload, [num_tokens, hidden] bf16|fp16, into `format`.
+struct QuantRequest {
+  QuantFormat format = QuantFormat::kNone;
+  int64_t hidden = 0;
+  bool swizzled = false;  // scales in the 128x4-tile layout
+};
+
+inline QuantFormat ToQuantFormat(int64_t format) {
+  TVM_FFI_CHECK(format >= 0 && format <= 3, ValueError)
+      << "quant_format must be 0 (none), 1 (fp8_block), 2 (mxfp8) or 3 (nvfp4), got " << format;
+  return static_cast<QuantFormat>(format);
+}
+
+inline QuantRequest MakeQuantRequest(QuantFormat format, int64_t hidden, bool swizzled) {
+  QuantRequest q{format, hidden, swizzled};
+  if (q.format == QuantFormat::kNone) {
+    TVM_FFI_CHECK(!swizzled, ValueError) << "swizzled_scales needs a quant_format";
+    return q;
+  }
+  TVM_FFI_CHECK(hidden >= 1 && hidden < (int64_t{1} << 30), ValueError)
+      << "the hidden size to quantize must be in [1, 2^30), got " << hidden;
+  TVM_FFI_CHECK(!swizzled || q.format != QuantFormat::kFp8Block, ValueError)
+      << "swizzled_scales needs one-byte scales (mxfp8 or nvfp4); fp8_block scales are fp32";
+  return q;
+}
+
+// The receive regions of one dispatch: one per payload, except that a quantized first payload arrives as two
+// (values, then scales).
+struct RecvRegions {
+  int count = 0;
+  int64_t offsets[kMaxPayloads] = {};
+};
+
+// Checks a dispatch's runtime_max and payload row sizes against the workspace's sizes, and places its receive
+// regions.
 template <typename RowBytes>
-inline void CheckPayloadRows(const WorkspaceConfig& config, int64_t runtime_max, const RowBytes& payload_row_bytes,
-                             int64_t* row_bytes) {
+inline RecvRegions PlanRecvRegions(const WorkspaceConfig& config, const WorkspaceLayout& layout, int64_t runtime_max,
+                                   const RowBytes& payload_row_bytes, const QuantRequest& quant) {
   TVM_FFI_CHECK(runtime_max >= 0 && runtime_max <= config.max_num_tokens, ValueError)
       << "runtime_max_tokens_per_rank must be in [0, max_num_tokens=" << config.max_num_tokens << "], got "
       << runtime_max;
   const int64_t num_payloads = static_cast<int64_t>(payload_row_bytes.size());
-  TVM_FFI_CHECK(num_payloads <= kMaxPayloads, ValueError)
-      << "at most " << kMaxPayloads << " payloads per dispatch, got " << num_payloads;
-  int64_t total = 0;
+  const bool quantize = quant.format != QuantFormat::kNone;
+  const int64_t max_payloads = quantize ? kMaxPayloads - 1 : kMaxPayloads;
+  TVM_FFI_CHECK(num_payloads <= max_payloads, ValueError)
+      << "at most " << max_payloads << " payloads per dispatch"
+      << (quantize ? " that quantizes (the hidden states arrive as values and scales)" : "") << ", got "
+      << num_payloads;
+  TVM_FFI_CHECK(!quantize || num_payloads >= 1, ValueError) << "a quantizing dispatch needs the hidden states as "
+                                                               "payloads[0]";
+  RecvRegions regions;
+  int64_t block_bytes[kMaxPayloads];
+  int64_t token_bytes = 0, total_block_bytes = 0;
+  auto add = [&](int64_t row, int64_t block) {
+    block_bytes[regions.count++] = block;
+    token_bytes += row;
+    total_block_bytes += block;
+  };
   for (int64_t p = 0; p < num_payloads; ++p) {
-    row_bytes[p] = payload_row_bytes[p];
-    TVM_FFI_CHECK(row_bytes[p] >= 1, ValueError) << "payload " << p << " has empty rows";
-    total += row_bytes[p];
+    const int64_t row = payload_row_bytes[p];
+    TVM_FFI_CHECK(row >= 1, ValueError) << "payload " << p << " has empty rows";
+    if (p == 0 && quantize) {
+      TVM_FFI_CHECK(row == 2 * quant.hidden, ValueError)
+          << "payloads[0] must be [num_tokens, hidden=" << quant.hidden << "] bf16 or fp16 to quantize";
+      const QuantWire wire = WireOf(quant.format);
+      add(wire.ValueBytes(quant.hidden), runtime_max * wire.ValueBytes(quant.hidden));
+      add(wire.ScaleCols(quant.hidden) * wire.scale_bytes,
+          wire.ScaleBlockBytes(quant.hidden, runtime_max, quant.swizzled));
+    } else {
+      add(row, runtime_max * row);
+    }
   }
-  TVM_FFI_CHECK(total <= config.dispatch_bytes_per_token, ValueError)
-      << "payloads need " << total << " bytes per token, the workspace was sized for dispatch_bytes_per_token="
+  TVM_FFI_CHECK(token_bytes <= config.dispatch_bytes_per_token, ValueError)
+      << "payloads need " << token_bytes << " bytes per token, the workspace was sized for dispatch_bytes_per_token="
       << config.dispatch_bytes_per_token;
+  TVM_FFI_CHECK(total_block_bytes <= config.max_num_tokens * config.dispatch_bytes_per_token, ValueError)
+      << "swizzled scales pad each source block to 128 rows: the payloads need " << total_block_bytes
+      << " bytes per source block, the workspace holds max_num_tokens * dispatch_bytes_per_token = "
+      << config.max_num_tokens * config.dispatch_bytes_per_token;
+  ComputeRecvOffsets(layout, config.ep_size, block_bytes, regions.count, regions.offsets);
+  return regions;
 }
 
 }  // namespace flashinfer_a2a

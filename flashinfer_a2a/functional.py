@@ -18,6 +18,7 @@ import torch
 from . import config as _config
 from . import ops
 from .errors import check_error
+from .wire_formats import WireFormat, wire_format
 
 MAX_EP_SIZE = 72
 MAX_TOP_K = 32
@@ -102,14 +103,26 @@ _LAYOUTS: dict[tuple, tuple[int, ...]] = {}
 
 
 @torch.compiler.assume_constant_result  # dynamo calls it at trace time and keeps the result as a constant
-def _layout(sizes: tuple[int, ...], runtime_max: int, payload_row_bytes: tuple[int, ...]) -> tuple[int, ...]:
+def _layout(sizes: tuple[int, ...], runtime_max: int, payload_row_bytes: tuple[int, ...], quant_code: int = 0,
+            quant_hidden: int = 0, swizzled_scales: int = 0) -> tuple[int, ...]:
     """``(combine_offset, *recv_offsets)`` from the C++ layout, cached per distinct call shape. Plain ints in and
     out: dynamo passes them through as constants."""
-    key = (sizes, runtime_max, payload_row_bytes)
+    key = (sizes, runtime_max, payload_row_bytes, quant_code, quant_hidden, swizzled_scales)
     if key not in _LAYOUTS:
-        recv_offsets, combine_offset = ops.dispatch_layout(*sizes, runtime_max, payload_row_bytes)
+        quant = (quant_code, quant_hidden, bool(swizzled_scales))
+        recv_offsets, combine_offset = ops.dispatch_layout(*sizes, runtime_max, payload_row_bytes, quant)
         _LAYOUTS[key] = (combine_offset, *recv_offsets)
     return _LAYOUTS[key]
+
+
+def _quant_format(name: Optional[str]) -> Optional[WireFormat]:
+    return None if name is None else wire_format(name, "quant_format")
+
+
+def _global_scale(global_scale, device: torch.device) -> Optional[torch.Tensor]:
+    if global_scale is None or isinstance(global_scale, torch.Tensor):
+        return global_scale
+    return torch.full((1,), float(global_scale), dtype=torch.float32, device=device)
 
 
 def _view(workspace: torch.Tensor, ep_rank: int, offset: int, shape: Sequence[int], dtype: torch.dtype):
@@ -156,6 +169,9 @@ def dispatch(
     num_experts: int,
     *,
     timeout_s: Optional[float] = None,
+    quant_format: Optional[str] = None,
+    global_scale: Optional[torch.Tensor | float] = None,
+    swizzled_scales: bool = False,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sends each local token to every distinct rank that owns one of its top-k experts.
 
@@ -169,6 +185,15 @@ def dispatch(
         num_experts: experts over all ranks (contiguous partition, the first ``num_experts % ep_size`` ranks own
             one extra).
         timeout_s: bound on the wait for peers (default ``FLASHINFER_A2A_TIMEOUT_S``).
+        quant_format: quantize ``payloads[0]`` (``[num_tokens, hidden]`` bf16|fp16 hidden states) while sending it:
+            ``"fp8_block"``, ``"mxfp8"`` or ``"nvfp4"`` (:mod:`flashinfer_a2a.wire_formats`), bitwise as the
+            reference quantizers of :mod:`flashinfer_a2a.reference.quant`. It then arrives as two views: values
+            ``[ep_size, runtime_max, value_bytes]`` and scales.
+        global_scale: NVFP4 only (required): the per-tensor fp32 scale, a one-element device tensor (or a float).
+        swizzled_scales: mxfp8 / nvfp4 scales in the 128x4-tile layout Blackwell block-scaled GEMMs read, one tile
+            grid per source block: ``[ep_size, ceil(runtime_max / 128) * 128 * ceil(cols / 4) * 4]``; otherwise
+            ``[ep_size, runtime_max, cols]`` row-major (``cols = ceil(hidden / block)``). Scales of rows past
+            ``recv_counts`` are unspecified; padding columns of valid rows are 0.
 
     Returns:
         ``(recv_payloads, recv_counts)``: for each payload a zero-copy view ``[ep_size, runtime_max, ...]`` of the
@@ -176,8 +201,11 @@ def dispatch(
         ``recv_counts`` ``[ep_size] int32`` on the device.
     """
     recv_counts = launch_dispatch(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
-                                  num_experts, timeout_s=timeout_s)
-    return recv_views(workspace, ep_rank, config, runtime_max_tokens_per_rank, payloads), recv_counts
+                                  num_experts, timeout_s=timeout_s, quant_format=quant_format,
+                                  global_scale=global_scale, swizzled_scales=swizzled_scales)
+    views = recv_views(workspace, ep_rank, config, runtime_max_tokens_per_rank, payloads, quant_format=quant_format,
+                       swizzled_scales=swizzled_scales)
+    return views, recv_counts
 
 
 def launch_dispatch(
@@ -191,11 +219,16 @@ def launch_dispatch(
     *,
     timeout_s: Optional[float] = None,
     recv_counts: Optional[torch.Tensor] = None,
+    quant_format: Optional[str] = None,
+    global_scale: Optional[torch.Tensor | float] = None,
+    swizzled_scales: bool = False,
 ) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any."""
-    if len(payloads) > MAX_PAYLOADS:
-        raise ValueError(f"payloads: at most {MAX_PAYLOADS} tensors per dispatch, got {len(payloads)}")
+    fmt = _quant_format(quant_format)
+    if len(payloads) > MAX_PAYLOADS - (fmt is not None):
+        raise ValueError(f"payloads: at most {MAX_PAYLOADS - (fmt is not None)} tensors per dispatch"
+                         f"{' that quantizes' if fmt else ''}, got {len(payloads)}")
     num_tokens = topk_ids.shape[0] if topk_ids.dim() else 0
     if topk_ids.dim() != 2 or num_tokens > runtime_max_tokens_per_rank:
         raise ValueError(
@@ -211,22 +244,32 @@ def launch_dispatch(
     if recv_counts is None:
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
     ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
-                 runtime_max_tokens_per_rank, num_experts, _timeout(timeout_s))
+                 runtime_max_tokens_per_rank, num_experts, _timeout(timeout_s), 0 if fmt is None else fmt.code,
+                 _global_scale(global_scale, workspace.device), swizzled_scales)
     if debug:
         _debug_check(workspace, ep_rank)
     return recv_counts
 
 
 def recv_views(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, runtime_max_tokens_per_rank: int,
-               payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+               payloads: Sequence[torch.Tensor], *, quant_format: Optional[str] = None,
+               swizzled_scales: bool = False) -> list[torch.Tensor]:
     """The receive views of a dispatch of ``payloads``: per payload ``[ep_size, runtime_max, ...]`` of rank
-    ``ep_rank``'s workspace (host work only: the same views serve every dispatch of this shape)."""
+    ``ep_rank``'s workspace, a quantized first payload as values and scales (see :func:`dispatch`). Host work only:
+    the same views serve every dispatch of this shape."""
+    fmt = _quant_format(quant_format)
+    ep_size, rows_per_block = config.ep_size, runtime_max_tokens_per_rank
+    shapes = [((ep_size, rows_per_block, *p.shape[1:]), p.dtype) for p in payloads]
+    quant = ()
+    if fmt is not None:
+        hidden = payloads[0].shape[-1]
+        quant = (fmt.code, hidden, int(swizzled_scales))
+        scales = ((ep_size, fmt.swizzled_scale_bytes(rows_per_block, hidden)) if swizzled_scales
+                  else (ep_size, rows_per_block, fmt.scale_cols(hidden)))
+        shapes[:1] = [((ep_size, rows_per_block, fmt.value_bytes(hidden)), fmt.value_dtype), (scales, fmt.scale_dtype)]
     rows = tuple(row_bytes(p) for p in payloads)
-    _, *recv_offsets = _layout(config.sizes(), runtime_max_tokens_per_rank, rows)
-    return [
-        _view(workspace, ep_rank, off, (config.ep_size, runtime_max_tokens_per_rank, *p.shape[1:]), p.dtype)
-        for off, p in zip(recv_offsets, payloads)
-    ]
+    _, *recv_offsets = _layout(config.sizes(), rows_per_block, rows, *quant)
+    return [_view(workspace, ep_rank, off, shape, dtype) for off, (shape, dtype) in zip(recv_offsets, shapes)]
 
 
 def combine_input(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, runtime_max_tokens_per_rank: int,
@@ -254,6 +297,7 @@ def combine(
     dtype: Optional[torch.dtype] = None,
     timeout_s: Optional[float] = None,
     one_gpu_per_rank: bool = False,
+    quant_format: Optional[str] = None,
 ) -> torch.Tensor:
     """Sums, for each local token, the partials of the distinct ranks it was sent to.
 
@@ -272,6 +316,11 @@ def combine(
             a small zero-copy combine then runs as one kernel whose blocks all wait for the peers, a launch fewer.
             With ranks sharing a GPU such a kernel could hold every multiprocessor while a peer on the same GPU
             still needs one, so the default is the two-kernel combine.
+        quant_format: ``"fp8_block"``: the partials for other ranks cross NVLink as FP8 E4M3 with an fp32 scale per
+            128 elements (quantized on the rank that computed them, over the front of their rows in the combine
+            region; dequantized and summed in fp32 by the token's owner; a rank's own partials stay exact). About
+            half the bytes; the error is documented in ``docs/quantized_formats.md`` and equals
+            :func:`flashinfer_a2a.reference.quant.reference_combine_fp8` bit for bit. bf16|fp16, ``hidden % 8 == 0``.
 
     Returns:
         ``[num_tokens, hidden]``.
@@ -286,8 +335,10 @@ def combine(
         out = torch.empty(num_tokens, hidden, dtype=dtype, device=workspace.device)
     elif tuple(out.shape) != (num_tokens, hidden):
         raise ValueError(f"out must be [num_tokens={num_tokens}, hidden={hidden}], got {tuple(out.shape)}")
+    if quant_format not in (None, "fp8_block"):
+        raise ValueError(f"combine quant_format must be None or 'fp8_block', got {quant_format!r}")
     ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
-                _timeout(timeout_s), one_gpu_per_rank)
+                _timeout(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1)
     _debug_check(workspace, ep_rank)
     return out
 

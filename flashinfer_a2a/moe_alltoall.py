@@ -28,9 +28,11 @@ class MoeAlltoAll:
         dtype: activation dtype dispatched and combined (default bf16).
         extra_dispatch_bytes_per_token: room for further payloads (scales, ...). By default room for int64 top-k ids
             and fp32 top-k weights.
-        dispatch_format: the hidden states travel pre-quantized in this format (``"fp8_block"``, ``"mxfp8"`` or
-            ``"nvfp4"``, see :mod:`flashinfer_a2a.wire_formats`): dispatch rows are sized for its values and
-            scales (two payloads) instead of ``dtype``; combine rows stay ``hidden_size`` x ``dtype``.
+        dispatch_format: the hidden states travel quantized in this format (``"fp8_block"``, ``"mxfp8"`` or
+            ``"nvfp4"``, see :mod:`flashinfer_a2a.wire_formats`), pre-quantized (values and scales as two payloads)
+            or quantized by :meth:`dispatch` (``quant_format``): dispatch rows are sized for its values and scales
+            instead of ``dtype``; combine rows stay ``hidden_size`` x ``dtype``.
+        swizzled_scales: size for scales received in the 128x4-tile layout (its padding to 128 rows).
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of the three above.
         device: this rank's GPU (default: the current device).
     """
@@ -46,6 +48,7 @@ class MoeAlltoAll:
         dtype: torch.dtype = torch.bfloat16,
         extra_dispatch_bytes_per_token: Optional[int] = None,
         dispatch_format: Optional[str] = None,
+        swizzled_scales: bool = False,
         dispatch_bytes_per_token: Optional[int] = None,
         combine_bytes_per_token: Optional[int] = None,
         device: Optional[int] = None,
@@ -61,7 +64,8 @@ class MoeAlltoAll:
         extra = top_k * (8 + 4) if extra_dispatch_bytes_per_token is None else extra_dispatch_bytes_per_token
         fmt = None if dispatch_format is None else wire_format(dispatch_format)  # checked even when unused
         if dispatch_bytes_per_token is None:
-            hidden_bytes = hidden_size * dtype.itemsize if fmt is None else fmt.row_bytes(hidden_size)
+            hidden_bytes = (hidden_size * dtype.itemsize if fmt is None
+                            else fmt.dispatch_bytes_per_token(hidden_size, max_num_tokens, swizzled_scales))
             dispatch_bytes_per_token = hidden_bytes + extra
         if combine_bytes_per_token is None:
             combine_bytes_per_token = hidden_size * dtype.itemsize
@@ -88,13 +92,17 @@ class MoeAlltoAll:
         return self.comm.size
 
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor],
-                 runtime_max_tokens_per_rank: Optional[int] = None, *, timeout_s: Optional[float] = None):
+                 runtime_max_tokens_per_rank: Optional[int] = None, *, timeout_s: Optional[float] = None,
+                 quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
+                 swizzled_scales: bool = False):
         """Sends each token's payload rows to the ranks of its top-k experts (see
         :func:`flashinfer_a2a.functional.dispatch`). Returns ``(recv_payloads, recv_counts)``: views
         ``[ep_size, runtime_max, ...]`` of the workspace and ``[ep_size] int32``, both valid until the next dispatch
         (eager calls return the same tensors each time: they cost host time to make).
 
         ``runtime_max_tokens_per_rank`` (default ``max_num_tokens``) must be the same on every rank.
+        ``quant_format`` / ``global_scale`` / ``swizzled_scales``: quantize ``payloads[0]`` while sending it (see
+        :func:`flashinfer_a2a.functional.dispatch`); it then arrives as two views, values and scales.
         """
         self._check_alive()
         if self._pending is not None:
@@ -106,25 +114,28 @@ class MoeAlltoAll:
         # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
         if F.debug_checks_due():
             self._check_same_call(runtime_max)
+        quant = dict(quant_format=quant_format, swizzled_scales=swizzled_scales)
         if torch.compiler.is_compiling():  # fresh tensors: a traced view or counts tensor must not be kept
             recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                      self.num_experts, timeout_s=timeout_s)
+                                      self.num_experts, timeout_s=timeout_s, global_scale=global_scale, **quant)
         else:  # eager: one counts tensor and cached views, valid (like the views always were) until the next dispatch
             counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                       self.num_experts, timeout_s=timeout_s, recv_counts=self._recv_counts)
-            recv = self._recv_views(runtime_max, payloads)
+                                       self.num_experts, timeout_s=timeout_s, recv_counts=self._recv_counts,
+                                       global_scale=global_scale, **quant)
+            recv = self._recv_views(runtime_max, payloads, quant)
         self._pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
         return recv, counts
 
-    def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor], quant: dict) -> list[torch.Tensor]:
         """The receive views, built once per shape: making them costs more host time than the launch."""
-        key = (runtime_max, tuple((p.dtype, p.shape[1:]) for p in payloads))
+        key = (runtime_max, tuple((p.dtype, p.shape[1:]) for p in payloads), *quant.values())
         views = self._views.get(key)
         if views is None:
             if len(self._views) >= 64:  # many distinct shapes (runtime_max varies per step): start over
                 self._views.clear()
-            views = self._views[key] = F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads)
+            views = self._views[key] = F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads,
+                                                    **quant)
         return list(views)
 
     def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -135,14 +146,15 @@ class MoeAlltoAll:
         return F.combine_input(self.workspace, self.ep_rank, self.config, runtime_max, hidden, dtype)
 
     def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
-                timeout_s: Optional[float] = None) -> torch.Tensor:
+                timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> torch.Tensor:
         """Sums each local token's partials over the ranks it went to, in increasing rank order in fp32 (see
-        :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written."""
+        :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written.
+        ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
         num_tokens, runtime_max, counts = self._require_pending("combine")
         hidden, dtype = self._combine_row(None, None)
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
                            out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s,
-                           one_gpu_per_rank=self._symm.one_gpu_per_rank)
+                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format)
         self._pending = None
         return result
 

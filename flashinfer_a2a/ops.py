@@ -123,29 +123,37 @@ def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
 
 @register(
     "dispatch(Tensor(a!) workspace, Tensor topk_ids, Tensor[] payloads, Tensor(b!) recv_counts, int ep_rank, "
-    f"{_SIZES}, int runtime_max_tokens_per_rank, int num_experts, float timeout_s) -> ()",
+    f"{_SIZES}, int runtime_max_tokens_per_rank, int num_experts, float timeout_s, int quant_format=0, "
+    "Tensor? global_scale=None, bool swizzled_scales=False) -> ()",
     dispatch_key="CUDA",
 )
-def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, *sizes_and_args):
-    get_a2a_module().dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *sizes_and_args)
+def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
+             dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts, timeout_s,
+             quant_format=0, global_scale=None, swizzled_scales=False):
+    get_a2a_module().dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, ep_size, max_num_tokens,
+                              top_k, dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank,
+                              num_experts, timeout_s, quant_format, global_scale, swizzled_scales)
 
 
 @dispatch.register_fake
-def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, *sizes_and_args):
+def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, *sizes_and_args, **quant):
     return None
 
 
 @register(
     "combine(Tensor(a!) workspace, Tensor? partials, Tensor recv_counts, Tensor(b!) out, int ep_rank, "
-    f"{_SIZES}, int runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank) -> ()",
+    f"{_SIZES}, int runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank, int quant_format=0) -> ()",
     dispatch_key="CUDA",
 )
-def combine(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args):
-    get_a2a_module().combine(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args)
+def combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
+            combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s, one_gpu_per_rank, quant_format=0):
+    get_a2a_module().combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k,
+                             dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s,
+                             one_gpu_per_rank, quant_format)
 
 
 @combine.register_fake
-def _combine_fake(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args):
+def _combine_fake(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args, **quant):
     return None
 
 
@@ -167,8 +175,11 @@ def dispatch_layout(
     combine_bytes_per_token: int,
     runtime_max_tokens_per_rank: int,
     payload_row_bytes: Sequence[int],
+    quant: tuple[int, int, bool] = (0, 0, False),
 ) -> tuple[list[int], int]:
-    """Byte offsets, within a rank's workspace, of each payload's receive region and of the combine region.
+    """Byte offsets, within a rank's workspace, of each receive region and of the combine region. ``quant`` is
+    ``(quant_format, hidden, swizzled_scales)`` of a quantizing dispatch, whose first payload arrives as two regions
+    (values, scales).
 
     Host arithmetic from the C++ layout (Python never re-derives offsets); not an op, since it returns no tensor.
     """
@@ -180,6 +191,7 @@ def dispatch_layout(
         combine_bytes_per_token,
         runtime_max_tokens_per_rank,
         [int(b) for b in payload_row_bytes],
+        *quant,
     )
     offsets = [int(o) for o in offsets]
     return offsets[:-1], offsets[-1]

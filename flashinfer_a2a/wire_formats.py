@@ -6,36 +6,62 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 
 @dataclasses.dataclass(frozen=True)
 class WireFormat:
-    """Values of ``1 / elements_per_byte`` bytes each and one scale of ``scale_bytes`` per ``block`` elements."""
+    """Values of ``1 / elements_per_byte`` bytes each and one scale of ``scale_bytes`` per ``block`` elements.
+
+    ``code`` is the format's number in the ops' ``quant_format`` argument; ``value_dtype`` / ``scale_dtype`` are the
+    dtypes of the received values and scales (NVFP4 values: two E2M1 codes per uint8, low nibble first).
+    """
 
     name: str
+    code: int
     elements_per_byte: int
     block: int
     scale_bytes: int
+    value_dtype: torch.dtype
+    scale_dtype: torch.dtype
 
     def value_bytes(self, hidden: int) -> int:
         return -(-hidden // self.elements_per_byte)
 
+    def scale_cols(self, hidden: int) -> int:
+        return -(-hidden // self.block)
+
     def scale_bytes_per_token(self, hidden: int) -> int:
-        return -(-hidden // self.block) * self.scale_bytes
+        return self.scale_cols(hidden) * self.scale_bytes
 
     def row_bytes(self, hidden: int) -> int:
         """Values and scales of one token."""
         return self.value_bytes(hidden) + self.scale_bytes_per_token(hidden)
 
+    def swizzled_scale_bytes(self, rows: int, hidden: int) -> int:
+        """Bytes of one source block of scales in the 128x4-tile layout: rows padded to 128, columns to 4."""
+        return -(-rows // 128) * 128 * (-(-self.scale_cols(hidden) // 4) * 4)
+
+    def dispatch_bytes_per_token(self, hidden: int, max_num_tokens: int, swizzled_scales: bool = False) -> int:
+        """Workspace bytes per token for values and scales: :meth:`row_bytes`, plus, with swizzled scales, the
+        padding of a source block of ``max_num_tokens`` rows spread over its tokens."""
+        if not swizzled_scales:
+            return self.row_bytes(hidden)
+        return self.value_bytes(hidden) + -(-self.swizzled_scale_bytes(max_num_tokens, hidden) // max_num_tokens)
+
 
 WIRE_FORMATS = {
-    "fp8_block": WireFormat("fp8_block", elements_per_byte=1, block=128, scale_bytes=4),  # E4M3, fp32 per 128
-    "mxfp8": WireFormat("mxfp8", elements_per_byte=1, block=32, scale_bytes=1),  # E4M3, UE8M0 per 32
-    "nvfp4": WireFormat("nvfp4", elements_per_byte=2, block=16, scale_bytes=1),  # packed E2M1, UE4M3 per 16
+    # E4M3 values, one fp32 scale per 128 (DeepSeek style)
+    "fp8_block": WireFormat("fp8_block", 1, 1, 128, 4, torch.float8_e4m3fn, torch.float32),
+    # E4M3 values, one UE8M0 byte per 32 (OCP MX): scale 2 ** (byte - 127)
+    "mxfp8": WireFormat("mxfp8", 2, 1, 32, 1, torch.float8_e4m3fn, torch.uint8),
+    # packed E2M1 values, one UE4M3 scale per 16, under a per-tensor fp32 global scale
+    "nvfp4": WireFormat("nvfp4", 3, 2, 16, 1, torch.uint8, torch.float8_e4m3fn),
 }
 
 
-def wire_format(name: str) -> WireFormat:
-    """The format called ``name``; ValueError naming the choices otherwise."""
+def wire_format(name: str, argument: str = "dispatch_format") -> WireFormat:
+    """The format called ``name``; ValueError naming ``argument`` and the choices otherwise."""
     if name not in WIRE_FORMATS:
-        raise ValueError(f"dispatch_format must be one of {', '.join(WIRE_FORMATS)}, got {name!r}")
+        raise ValueError(f"{argument} must be one of {', '.join(WIRE_FORMATS)}, got {name!r}")
     return WIRE_FORMATS[name]

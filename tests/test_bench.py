@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flashinfer_a2a.bench import args as bench_args
-from flashinfer_a2a.bench.impls import dispatch_row_bytes
+from flashinfer_a2a.bench.impls import Variant, combine_row_bytes, dispatch_row_bytes, variants
 from flashinfer_a2a.bench.report import add_derived, format_table, write_json, write_plot
 from flashinfer_a2a.bench.timing import summarize
 from flashinfer_a2a.bench.traffic import count_rows, gbps
@@ -75,6 +75,23 @@ def test_dispatch_row_bytes_count_ids_and_weights():
     assert dispatch_row_bytes(bench_args.parse_args(["--hidden-only"]), torch.float32) == 7168 * 4
 
 
+def test_quant_formats_and_their_row_bytes():
+    a = bench_args.parse_args([])
+    assert a.quant_formats == ("fp8_block", "mxfp8", "nvfp4")
+    assert bench_args.parse_args(["--quant", "none"]).quant_formats == ()
+    assert bench_args.parse_args(["--quant", "nvfp4,fp8_block"]).quant_formats == ("nvfp4", "fp8_block")
+    names = [v.name for v in variants(a, torch.bfloat16)]
+    assert names == ["a2a", "fp8-fused", "fp8-pre", "mxfp8-fused", "mxfp8-pre", "nvfp4-fused", "nvfp4-pre"]
+    assert [v.name for v in variants(a, torch.float32)] == ["a2a"]  # quantization takes bf16|fp16
+    ids_weights = 8 * (4 + 4)
+    # FP8: 7168 values + 56 fp32 scales; MXFP8: 7168 + 224 UE8M0; NVFP4: 3584 packed + 448 UE4M3.
+    assert dispatch_row_bytes(a, torch.bfloat16, Variant("pre", "fp8_block")) == 7168 + 56 * 4 + ids_weights
+    assert dispatch_row_bytes(a, torch.bfloat16, Variant("fused", "mxfp8")) == 7168 + 224 + ids_weights
+    assert dispatch_row_bytes(a, torch.bfloat16, Variant("fused", "nvfp4")) == 3584 + 448 + ids_weights
+    assert combine_row_bytes(a, torch.bfloat16, Variant("fused", "nvfp4")) == 7168 + 56 * 4  # the FP8 wire
+    assert combine_row_bytes(a, torch.bfloat16, Variant("pre", "nvfp4")) == 7168 * 2
+
+
 def test_summarize_by_hand():
     # 2 ranks x 4 iterations x (dispatch, combine)
     gpu = torch.tensor([[[1, 2], [1, 2], [1, 2], [9, 2]],
@@ -105,6 +122,21 @@ def test_derived_columns():
     case = _case()
     assert case["impls"]["a2a"]["graph"]["gbps"]["dispatch"] == {"remote": 100.0, "logical": 200.0}
     assert case["summary"] == {"pair_speedup_vs_nccl_a2a_graph": 3.0, "eager_overhead_us_per_call": 0.0}
+
+
+def test_derived_columns_of_the_quantized_rows():
+    case = _case()
+    fused = {p: dict(s, max_rank=s["max_rank"] / 2) for p, s in case["impls"]["a2a"]["graph"].items()
+             if p in ("dispatch", "combine", "pair")}
+    pre = {p: dict(s, max_rank=s["max_rank"] / 2) for p, s in fused.items()}
+    case["impls"].update({"fp8-fused": {"graph": fused}, "fp8-pre": {"graph": pre}})
+    case["impl_bytes"] = {"fp8-fused": {"dispatch": {"remote": 1e6, "logical": 2e6},
+                                        "combine": {"remote": 5e5, "logical": 1e6}}}
+    add_derived(case)
+    assert case["impls"]["fp8-fused"]["graph"]["gbps"]["dispatch"] == {"remote": 100.0, "logical": 200.0}
+    assert case["impls"]["fp8-pre"]["graph"]["gbps"]["dispatch"]["remote"] == 400.0  # the case's bytes
+    assert case["summary"]["fp8-fused_dispatch_over_pre_graph"] == 2.0
+    assert case["summary"]["fp8_combine_speedup_graph"] == 2.0
 
 
 def test_table_json_and_plot(tmp_path):

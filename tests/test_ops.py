@@ -154,6 +154,59 @@ def test_dispatch_sanitize_combine_fakes_trace_fullgraph():
         assert f"flashinfer_a2a.{op}.default" in targets
 
 
+@pytest.mark.parametrize("fmt,swizzled", [("fp8_block", False), ("mxfp8", True), ("nvfp4", False),
+                                          ("nvfp4", True)])
+def test_quantizing_dispatch_and_fp8_combine_trace_fullgraph(fmt, swizzled):
+    """The quantization arguments reach the ops in the traced graph; the receive views have the format's shapes."""
+    from flashinfer_a2a.wire_formats import wire_format
+
+    hidden, top_k, runtime_max = 1040, 4, 40
+    wire = wire_format(fmt)
+    config = fa.WorkspaceConfig(2, 40, wire.dispatch_bytes_per_token(hidden, 40, swizzled) + top_k * 8, hidden * 2,
+                                top_k=top_k)
+
+    def layer(workspace, ids, x, gs):
+        (values, scales, recv_ids), counts = fa.dispatch(
+            workspace, 0, config, ids, [x, ids], runtime_max, 8, quant_format=fmt,
+            global_scale=gs if fmt == "nvfp4" else None, swizzled_scales=swizzled)
+        partial = torch.zeros(2, runtime_max, hidden, dtype=torch.bfloat16, device=x.device) + values.float()[..., :1]
+        out = fa.combine(workspace, 0, config, counts, ids.shape[0], runtime_max, partial.to(torch.bfloat16),
+                         quant_format="fp8_block")
+        return out, values, scales, recv_ids
+
+    workspace = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8, device="meta")
+    ids = torch.empty(10, top_k, dtype=torch.int64, device="meta")
+    x = torch.empty(10, hidden, dtype=torch.bfloat16, device="meta")
+    gs = torch.empty(1, dtype=torch.float32, device="meta")
+    captured = []
+    torch._dynamo.reset()  # each parametrization compiles afresh (with static shapes)
+    out, values, scales, recv_ids = torch.compile(layer, fullgraph=True, dynamic=False,
+                                                  backend=_capturing_backend(captured))(workspace, ids, x, gs)
+    assert out.shape == (10, hidden) and recv_ids.shape == (2, runtime_max, top_k)
+    assert values.shape == (2, runtime_max, wire.value_bytes(hidden)) and values.dtype == wire.value_dtype
+    cols = wire.scale_cols(hidden)
+    want_scales = (2, 128 * (-(-cols // 4) * 4)) if swizzled else (2, runtime_max, cols)
+    assert scales.shape == want_scales and scales.dtype == wire.scale_dtype
+    calls = {str(n.target): n for gm in captured for n in gm.graph.nodes if n.op == "call_function"}
+    dispatch_args = calls["flashinfer_a2a.dispatch.default"].args
+    assert dispatch_args[13:] == (wire.code, *dispatch_args[14:15], swizzled)
+    assert calls["flashinfer_a2a.combine.default"].args[-1] == 1
+
+
+def test_quantization_arguments_are_checked_before_any_launch():
+    config = fa.WorkspaceConfig(2, 16, 4096, 512, top_k=4)
+    workspace = empty_workspace(2, config.bytes_per_rank, "cpu")
+    ids = torch.zeros(4, 4, dtype=torch.int32)
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="quant_format must be one of fp8_block, mxfp8, nvfp4, got 'fp4'"):
+        fa.dispatch(workspace, 0, config, ids, [x], 16, 8, quant_format="fp4")
+    with pytest.raises(ValueError, match="combine quant_format must be None or 'fp8_block'"):
+        fa.combine(workspace, 0, config, torch.zeros(2, dtype=torch.int32), 4, 16, hidden=256, dtype=torch.bfloat16,
+                   quant_format="nvfp4")
+    with pytest.raises(ValueError, match="at most 7 tensors per dispatch that quantizes"):
+        fa.dispatch(workspace, 0, config, ids, [x] * 8, 16, 8, quant_format="mxfp8")
+
+
 def test_plain_eager_calls_skip_the_dispatcher_and_modes_do_not(monkeypatch):
     from torch.utils._python_dispatch import TorchDispatchMode
 

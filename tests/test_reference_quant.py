@@ -184,9 +184,14 @@ def test_fp8_wire_combine_is_the_combine_of_the_dequantized_partials():
     result = _routing(2, 16, gen)
     partials = [torch.randn(2, 16, 256, generator=gen).to(torch.bfloat16) for _ in range(2)]
     got = q.reference_combine_fp8(partials, result)
-    want = reference_combine([q.dequantize_fp8_block(*q.quantize_fp8_block(p)) for p in partials], result,
-                             out_dtype=torch.bfloat16)
+    wired = [q.dequantize_fp8_block(*q.quantize_fp8_block(p)) for p in partials]
+    for rank, w in enumerate(wired):  # a rank's partials of its own tokens cross no link: exact
+        w[rank] = partials[rank][rank].float()
+    want = reference_combine(wired, result, out_dtype=torch.bfloat16)
     assert all(torch.equal(g, w) for g, w in zip(got, want)) and got[0].dtype == torch.bfloat16
+    changed = reference_combine([q.dequantize_fp8_block(*q.quantize_fp8_block(p)) for p in partials], result,
+                                out_dtype=torch.bfloat16)
+    assert not all(torch.equal(g, c) for g, c in zip(got, changed))
     # Partials on the FP8 grid of a power-of-two block scale (every block's maximum 448 * 2**-3) travel exactly:
     # the same result as the bf16 combine.
     exact = []
@@ -207,4 +212,4 @@ def test_fp8_wire_combine_error_on_gaussian_partials():
     fp8 = torch.cat(q.reference_combine_fp8(partials, result)).float()
     bf16 = torch.cat(reference_combine(partials, result)).float()
     rel = float((fp8 - bf16).norm() / bf16.norm())
-    assert 0.015 < rel < 0.03  # docs/quantized_formats.md: 2.6% at hidden 7168
+    assert 0.012 < rel < 0.03  # docs/quantized_formats.md: 2.2% at ep 4, hidden 7168

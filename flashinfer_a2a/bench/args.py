@@ -29,6 +29,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ROUTINGS = ("uniform", "skewed")
 MODES = ("graph", "eager")
 IMPLS = ("a2a", "nccl_a2a", "nccl_ag_rs")
+QUANT_FORMATS = ("fp8_block", "mxfp8", "nvfp4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,7 @@ class BenchArgs:
     modes: tuple[str, ...]
     baselines: bool
     routing_payloads: bool
+    quant_formats: tuple[str, ...]
     sim_ranks: int
     output_dir: str
     seed: int
@@ -109,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hidden-only", action="store_true",
                         help="dispatch only the hidden states (default: also the top-k ids and weights, as an "
                         "engine does)")
+    parser.add_argument("--quant", nargs="+", type=_list_of(str, [*QUANT_FORMATS, "none"]), metavar="FORMAT",
+                        dest="quant_formats",
+                        help="wire formats timed besides plain bf16|fp16 (each as a fused quantizing dispatch with the "
+                             f"FP8-wire combine, and as a pre-quantized dispatch): {', '.join(QUANT_FORMATS)} or none "
+                             "(default all three)")
     parser.add_argument("--sim-ranks", type=_positive_int, default=2,
                         help="ranks simulated on one GPU when not launched by torchrun/mpirun (default 2)")
     parser.add_argument("--output-dir", default="bench_results", help="where the JSON and PNG go (default %(default)s)")
@@ -143,6 +150,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         modes=_flatten(ns.modes, MODES),
         baselines=not ns.no_baselines,
         routing_payloads=not ns.hidden_only,
+        quant_formats=tuple(f for f in _flatten(ns.quant_formats, QUANT_FORMATS) if f != "none"),
         sim_ranks=ns.sim_ranks,
         output_dir=ns.output_dir,
         seed=ns.seed,

@@ -2,6 +2,11 @@
 
 - ``a2a``: this package. Dispatch sends the hidden states (and, unless ``--hidden-only``, the top-k ids and
   weights); combine is the zero-copy one (the expert outputs already sit in the combine input).
+- ``<format>-fused`` (``--quant``): dispatch quantizes the bf16|fp16 hidden states into the format while sending
+  them; combine sends the partials over the FP8 wire (from a partials tensor: the zero-copy input would be
+  quantized in place, so a replayed loop would quantize its own output).
+- ``<format>-pre``: dispatch of the same hidden states pre-quantized (values and scales as two payloads, quantized
+  once outside the timing); the bf16 zero-copy combine.
 - ``nccl_a2a``: NCCL ``all_to_all_single``. Dispatch packs each (token, destination) row in destination order
   (``index_select`` of a ``[tokens, row_bytes]`` byte view holding every payload) and exchanges them; combine sends
   the partials back, gathers each token's partials (``index_select``, a zero row where a rank was not involved) and
@@ -14,15 +19,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from .. import functional as F
 from ..errors import check_error
 from ..moe_alltoall import MoeAlltoAll
-from ..reference import random_topk_ids, token_rank_mask
+from ..reference import quant, random_topk_ids, token_rank_mask
 from ..simulate import SimulatedRanks
+from ..wire_formats import wire_format
 from .args import BenchArgs
 from .session import Session
 from .timing import RankSteps
@@ -46,10 +52,53 @@ class Case:
         return self.payloads[next(iter(self.payloads))][0].shape[1]
 
 
-def dispatch_row_bytes(args: BenchArgs, dtype: torch.dtype) -> int:
-    """Bytes dispatched per (token, destination): hidden states, plus top-k int32 ids and fp32 weights."""
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """What one row of ours times: ``plain`` (the hidden states as they are), ``fused`` (quantized into ``fmt`` by
+    dispatch; FP8-wire combine) or ``pre`` (the same hidden states pre-quantized into ``fmt``; bf16 combine)."""
+
+    kind: str = "plain"
+    fmt: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return "a2a" if self.kind == "plain" else f"{self.fmt.replace('_block', '')}-{self.kind}"
+
+
+def variants(args: BenchArgs, dtype: torch.dtype) -> list[Variant]:
+    """Plain, then fused and pre for each ``--quant`` format (quantization takes bf16|fp16 hidden states)."""
+    quantizable = dtype in (torch.bfloat16, torch.float16)
+    return [Variant()] + [Variant(kind, fmt) for fmt in (args.quant_formats if quantizable else ())
+                          for kind in ("fused", "pre")]
+
+
+def dispatch_row_bytes(args: BenchArgs, dtype: torch.dtype, variant: Variant = Variant()) -> int:
+    """Bytes dispatched per (token, destination): hidden states (or their values and scales), plus top-k int32
+    ids and fp32 weights."""
     extra = args.shape.top_k * 8 if args.routing_payloads else 0
+    if variant.fmt is not None:
+        return wire_format(variant.fmt).row_bytes(args.shape.hidden) + extra
     return args.shape.hidden * dtype.itemsize + extra
+
+
+def combine_row_bytes(args: BenchArgs, dtype: torch.dtype, variant: Variant = Variant()) -> int:
+    """Bytes of one combine partial: ``hidden`` elements, or FP8 values and an fp32 scale per 128 (fused rows)."""
+    if variant.kind == "fused":
+        return wire_format("fp8_block").row_bytes(args.shape.hidden)
+    return args.shape.hidden * dtype.itemsize
+
+
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """The usual per-tensor NVFP4 scale ``448 * 6 / amax`` (1 for an all-zero tensor), one fp32 on x's device."""
+    amax = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
+    return torch.where(amax > 0, 448.0 * 6.0 / amax, torch.ones_like(amax)).reshape(1)
+
+
+def pre_quantized(fmt: str, x: torch.Tensor, global_scale: torch.Tensor) -> list[torch.Tensor]:
+    """``[values, scales]`` of x in ``fmt`` (the reference quantizers, on x's device)."""
+    if fmt == "nvfp4":
+        return list(quant.quantize_nvfp4(x, float(global_scale)))
+    return list(quant.quantize_fp8_block(x) if fmt == "fp8_block" else quant.quantize_mxfp8(x))
 
 
 def make_case(args: BenchArgs, session: Session, tokens: int, dtype: torch.dtype, routing: str, seed: int) -> Case:
@@ -72,21 +121,24 @@ def make_case(args: BenchArgs, session: Session, tokens: int, dtype: torch.dtype
 
 
 class A2A:
-    """This package's dispatch/combine for one dtype, with a workspace sized for the largest token count."""
+    """This package's dispatch/combine for one dtype and variant, with a workspace sized for the largest token
+    count."""
 
-    def __init__(self, args: BenchArgs, session: Session, dtype: torch.dtype) -> None:
-        self.session, self.num_experts = session, args.shape.num_experts
+    def __init__(self, args: BenchArgs, session: Session, dtype: torch.dtype, variant: Variant = Variant()) -> None:
+        self.session, self.num_experts, self.variant = session, args.shape.num_experts, variant
         max_tokens = max(args.tokens)
-        extra = dispatch_row_bytes(args, dtype) - args.shape.hidden * dtype.itemsize
+        row = dispatch_row_bytes(args, dtype, variant)
+        extra = args.shape.top_k * 8 if args.routing_payloads else 0
         if session.simulated:
-            config = F.WorkspaceConfig(session.ep_size, max_tokens, dispatch_row_bytes(args, dtype),
-                                       args.shape.hidden * dtype.itemsize, top_k=args.shape.top_k)
+            config = F.WorkspaceConfig(session.ep_size, max_tokens, row, args.shape.hidden * dtype.itemsize,
+                                       top_k=args.shape.top_k)
             self.sim = SimulatedRanks(config, session.device)
             self.moe = None
         else:
             self.moe = MoeAlltoAll(session.group, max_num_tokens=max_tokens, top_k=args.shape.top_k,
                                    num_experts=args.shape.num_experts, hidden_size=args.shape.hidden, dtype=dtype,
-                                   extra_dispatch_bytes_per_token=extra, device=session.device.index)
+                                   extra_dispatch_bytes_per_token=extra, dispatch_format=variant.fmt,
+                                   device=session.device.index)
             self.sim = None
 
     def steps(self, case: Case) -> list[RankSteps]:
@@ -121,18 +173,34 @@ class A2A:
 
     def _rank_steps(self, case: Case, rank: int) -> RankSteps:
         ids, payloads, tokens = case.topk_ids[rank], case.payloads[rank], case.tokens
-        ids_dev = payloads[1] if len(payloads) > 1 else ids.to(self.session.device)
-        out = torch.empty(tokens, case.hidden, dtype=case.dtype, device=self.session.device)
+        device, variant = self.session.device, self.variant
+        ids_dev = payloads[1] if len(payloads) > 1 else ids.to(device)
+        out = torch.empty(tokens, case.hidden, dtype=case.dtype, device=device)
+        dispatch_kw: dict = {}
+        combine_kw: dict = {"out": out}
+        if variant.kind == "fused":
+            gs = nvfp4_global_scale(payloads[0]) if variant.fmt == "nvfp4" else None
+            dispatch_kw = {"quant_format": variant.fmt, "global_scale": gs}
+            combine_kw["quant_format"] = "fp8_block"
+            partials = torch.randn(self.session.ep_size, tokens, case.hidden, device=device).to(case.dtype)
+        elif variant.kind == "pre":
+            payloads = pre_quantized(variant.fmt, payloads[0], nvfp4_global_scale(payloads[0])) + payloads[1:]
         if self.moe is not None:
             moe = self.moe
-            return RankSteps(lambda: moe.dispatch(ids_dev, payloads, tokens), lambda: moe.combine(out=out))
+            if variant.kind == "fused":
+                return RankSteps(lambda: moe.dispatch(ids_dev, payloads, tokens, **dispatch_kw),
+                                 lambda: moe.combine(partials, **combine_kw))
+            return RankSteps(lambda: moe.dispatch(ids_dev, payloads, tokens, **dispatch_kw),
+                             lambda: moe.combine(**combine_kw))
         sim, counts = self.sim, {}
 
         def dispatch():
-            counts[rank] = F.dispatch(sim.workspace, rank, sim.config, ids_dev, payloads, tokens, self.num_experts)[1]
+            counts[rank] = F.dispatch(sim.workspace, rank, sim.config, ids_dev, payloads, tokens, self.num_experts,
+                                      **dispatch_kw)[1]
 
         def combine():
-            F.combine(sim.workspace, rank, sim.config, counts[rank], tokens, tokens, out=out)
+            F.combine(sim.workspace, rank, sim.config, counts[rank], tokens, tokens,
+                      partials if variant.kind == "fused" else None, **combine_kw)
 
         return RankSteps(dispatch, combine, sim.streams[rank])
 

@@ -11,7 +11,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .args import DTYPES, BenchArgs, parse_args
-from .impls import A2A, Case, dispatch_row_bytes, make_case, nccl_a2a_steps, nccl_ag_rs_steps
+from .impls import (A2A, Case, combine_row_bytes, dispatch_row_bytes, make_case, nccl_a2a_steps, nccl_ag_rs_steps,
+                    variants)
 from .report import add_derived, format_table, output_paths, write_json, write_plot
 from .session import Session, start
 from .timing import PHASES, RankSteps, summarize, time_loop
@@ -63,8 +64,13 @@ def _time_impl(session: Session, args: BenchArgs, make_steps: Callable[[], Seque
     return results
 
 
-def _run_case(args: BenchArgs, session: Session, a2a: A2A, case: Case) -> dict[str, Any]:
-    impls: dict[str, Any] = {"a2a": _time_impl(session, args, lambda: a2a.steps(case), lambda: a2a.check(case))}
+def _run_case(args: BenchArgs, session: Session, ours: Sequence[A2A], case: Case) -> dict[str, Any]:
+    impls: dict[str, Any] = {}
+    impl_bytes: dict[str, Any] = {}
+    for a2a in ours:
+        impls[a2a.variant.name] = _time_impl(session, args, lambda: a2a.steps(case), lambda: a2a.check(case))
+        rows = (dispatch_row_bytes(args, case.dtype, a2a.variant), combine_row_bytes(args, case.dtype, a2a.variant))
+        impl_bytes[a2a.variant.name] = {p: case.traffic.mean_bytes(row) for p, row in zip(PHASES, rows)}
     if args.baselines and not session.simulated:
         impls["nccl_a2a"] = _time_impl(session, args, lambda: [nccl_a2a_steps(session, case)])
         impls["nccl_ag_rs"] = _time_impl(session, args, lambda: [nccl_ag_rs_steps(session, case)])
@@ -76,6 +82,7 @@ def _run_case(args: BenchArgs, session: Session, a2a: A2A, case: Case) -> dict[s
         "row_bytes": {"dispatch": dispatch_row_bytes(args, case.dtype), "combine": hidden_bytes},
         "bytes": {"dispatch": case.traffic.mean_bytes(dispatch_row_bytes(args, case.dtype)),
                   "combine": case.traffic.mean_bytes(hidden_bytes)},
+        "impl_bytes": impl_bytes,
         "impls": impls,
     }
     add_derived(result)
@@ -123,17 +130,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start_time = time.monotonic()
     try:
         for dtype_name in args.dtypes:
-            a2a = A2A(args, session, DTYPES[dtype_name])
+            ours: list[A2A] = []
             try:
+                for variant in variants(args, DTYPES[dtype_name]):
+                    ours.append(A2A(args, session, DTYPES[dtype_name], variant))
                 for tokens in args.tokens:
                     for routing in args.routings:
                         index = len(cases)
                         progress(f"[{index + 1}/{len(plan)}] tokens/rank {tokens}, {dtype_name}, {routing} routing "
                                  f"({time.monotonic() - start_time:.0f} s)")
                         case = make_case(args, session, tokens, DTYPES[dtype_name], routing, args.seed + index)
-                        cases.append(_run_case(args, session, a2a, case))
+                        cases.append(_run_case(args, session, ours, case))
             finally:
-                a2a.close()
+                for a2a in ours:
+                    a2a.close()
         meta = _meta(args, session, argv)
     finally:
         session.close()

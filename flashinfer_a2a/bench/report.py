@@ -12,14 +12,26 @@ from .traffic import gbps
 
 def add_derived(case: dict[str, Any]) -> None:
     """Adds GB/s per implementation and mode, and the case summary (speed-up over NCCL, eager overhead)."""
-    for modes in case["impls"].values():
+    for impl, modes in case["impls"].items():
+        moved = case.get("impl_bytes", {}).get(impl, case["bytes"])
         for stats in modes.values():
             if "error" in stats:
                 continue
             stats["gbps"] = {phase: {kind: gbps(num_bytes, stats[phase]["max_rank"])
-                                     for kind, num_bytes in case["bytes"][phase].items()} for phase in PHASES}
+                                     for kind, num_bytes in moved[phase].items()} for phase in PHASES}
     ours = case["impls"].get("a2a", {})
     summary: dict[str, Any] = {}
+    for impl, modes in case["impls"].items():  # quantized wire formats: fused over pre-quantized, FP8 over bf16
+        if not impl.endswith("-fused"):
+            continue
+        pre = case["impls"].get(impl.replace("-fused", "-pre"), {})
+        for mode, stats in modes.items():
+            if "dispatch" in stats and "dispatch" in pre.get(mode, {}):
+                summary[f"{impl}_dispatch_over_pre_{mode}"] = (stats["dispatch"]["max_rank"]
+                                                                / pre[mode]["dispatch"]["max_rank"])
+            if "combine" in stats and "combine" in ours.get(mode, {}):
+                summary[f"fp8_combine_speedup_{mode}"] = (ours[mode]["combine"]["max_rank"]
+                                                          / stats["combine"]["max_rank"])
     for mode, stats in ours.items():
         nccl = case["impls"].get("nccl_a2a", {}).get(mode, {})
         if "pair" in stats and "pair" in nccl:
@@ -45,14 +57,14 @@ def format_table(meta: dict[str, Any], cases: list[dict[str, Any]]) -> str:
         "GB/s of the slowest rank's median time: rem = remote bytes per rank (over NVLink), log = logical bytes "
         "(local share included, as DeepEP counts)",
         "",
-        f"{'tokens':>6} {'dtype':>5} {'routing':>7} {'impl':>10} {'mode':>5} | {'dispatch med/max':>17} | "
+        f"{'tokens':>6} {'dtype':>5} {'routing':>7} {'impl':>11} {'mode':>5} | {'dispatch med/max':>17} | "
         f"{'combine med/max':>17} | {'pair med/max':>17} {'p99':>8} {'>2x':>4} | {'disp GB/s rem/log':>17} | "
         f"{'comb GB/s rem/log':>17} | {'host us/call':>12}",
     ]
     for case in cases:
         for impl, modes in case["impls"].items():
             for mode, stats in modes.items():
-                head = f"{case['tokens']:>6} {case['dtype']:>5} {case['routing']:>7} {impl:>10} {mode:>5} |"
+                head = f"{case['tokens']:>6} {case['dtype']:>5} {case['routing']:>7} {impl:>11} {mode:>5} |"
                 if "error" in stats:
                     lines.append(f"{head} {stats['error']}")
                     continue

@@ -217,10 +217,16 @@ def fp8_wire(partials: torch.Tensor) -> torch.Tensor:
 
 def reference_combine_fp8(partials, routing, num_experts: int | None = None, *,
                           out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-    """:func:`flashinfer_a2a.reference.reference_combine` over an FP8 wire: each partial passes through
-    :func:`fp8_wire`, then the same fp32 sum in increasing rank order, cast once to ``out_dtype`` (default: the
+    """:func:`flashinfer_a2a.reference.reference_combine` over an FP8 wire: each partial a rank computed for another
+    rank passes through :func:`fp8_wire` (a rank's partials for its own tokens, ``partials[d][d]``, cross no link
+    and stay exact), then the same fp32 sum in increasing rank order, cast once to ``out_dtype`` (default: the
     partials' dtype)."""
     from . import reference_combine
 
     out_dtype = partials[0].dtype if out_dtype is None else out_dtype
-    return reference_combine([fp8_wire(p) for p in partials], routing, num_experts, out_dtype=out_dtype)
+    wired = []
+    for rank, p in enumerate(partials):
+        w = fp8_wire(p)
+        w[rank] = p[rank].float()
+        wired.append(w)
+    return reference_combine(wired, routing, num_experts, out_dtype=out_dtype)

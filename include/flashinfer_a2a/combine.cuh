@@ -7,19 +7,21 @@
 //     side wrote them there: zero copy); the last block to finish releases this rank's epoch to every peer, then
 //     waits (bounded) until every peer has published — after which no peer still reads this epoch's dispatch data.
 //  2. CombinePullKernel: one warp per (token, 32-vector piece of hidden); loads every source first, then adds.
+// Over the FP8 wire (bf16|fp16), the publish kernel quantizes the rows for other ranks into FP8 values and fp32
+// block scales over the front of their rows, and CombinePullFp8Kernel dequantizes them while summing.
 // When every rank has a GPU of its own, the partials are already in place (zero copy) and the pull is small,
 // CombineFusedKernel does both in one launch: one block publishes, every block waits for the peers, then pulls.
 // Spinning blocks can then only delay this GPU's own work, which needs nothing from them.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "float_convert.cuh"
 #include "protocol.cuh"
+#include "quant_dispatch.cuh"
 
 namespace flashinfer_a2a {
 
@@ -39,7 +41,84 @@ struct CombineParams {
   const int32_t* recv_counts;  // [ep_size] valid rows per source block of `input`
   void* output;                // [num_tokens, hidden]
   uint64_t timeout_ns;
+  bool fp8_wire;  // partials for other ranks travel as FP8 with a scale per 128 elements (bf16|fp16 only)
+  bool fp16;      // fp16 partials, else bf16 (fp8_wire only)
+  int32_t hidden;
 };
+
+// The FP8 wire of combine: a partial row of `hidden` elements becomes hidden E4M3 bytes followed by one fp32 scale
+// per 128 elements, written over the front of the row (whose bf16|fp16 bytes are twice as many).
+constexpr int kFp8WireMaxCols = 256;  // hidden <= 32768: the scales of a row wait in shared memory
+
+// Quantizes piece `piece` (kQuantPieceElems elements) of one partial row into its FP8 wire row and returns the
+// piece's scales gathered (lane j < 8: column piece * 8 + j). src may be dst (in place): every lane loads before any
+// lane stores, and the stores (values at half the byte offset of their elements) only cover bytes of this piece and
+// earlier ones, which the caller must have quantized first. hidden % 8 == 0; rows 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint32_t QuantizeCombinePiece(uint8_t* dst, const uint8_t* src, int hidden, int piece,
+                                                         int lane) {
+  const T* in = reinterpret_cast<const T*>(src);
+  uint4 raw[kQuantRounds];
+  int e0[kQuantRounds];
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) {
+    e0[u] = piece * kQuantPieceElems + (u * 32 + lane) * kQuantLaneElems;
+    raw[u] = LoadLaneElems<T>(in, e0[u], hidden, true);
+  }
+  __syncwarp();
+  LaneQuant lq[kQuantRounds];
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) {
+    float x[kQuantLaneElems];
+    UnpackLaneElems<T>(raw[u], x);
+    lq[u] = QuantizeLane<QuantFormat::kFp8Block>(x, 0.0f);
+    if (e0[u] < hidden) StoreLaneValues<QuantFormat::kFp8Block>(dst, e0[u], hidden, true, lq[u]);
+  }
+  return GatherPieceScales<QuantFormat::kFp8Block>(lq, lane);
+}
+
+// The owner side of the FP8 wire: quantizes the valid rows this rank computed for other ranks (its own rows cross
+// no link; the pull reads them where they are). From a separate partials tensor any warp takes any piece; in place
+// (zero copy) a warp takes a whole row, its pieces in order, the scales waiting in shared memory until the row's
+// values are written.
+template <typename T>
+__device__ __forceinline__ void QuantizeRowsFp8(const CombineParams& p, float* warp_scales) {
+  const int warp = blockIdx.x * kCombineWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kCombineWarps;
+  const int pieces = (p.hidden + kQuantPieceElems - 1) / kQuantPieceElems;
+  const int cols = (p.hidden + quant::kFp8Block - 1) / quant::kFp8Block;
+  constexpr int kScalesPerPiece = kQuantPieceElems / quant::kFp8Block;
+  uint8_t* region = p.ranks.Base(p.ranks.ep_rank) + p.combine_offset;
+  const int64_t rows = static_cast<int64_t>(p.ranks.ep_size) * p.runtime_max;
+  auto skip = [&](int64_t row) {
+    const int src = static_cast<int>(row / p.runtime_max);
+    return src == p.ranks.ep_rank || row % p.runtime_max >= p.recv_counts[src];
+  };
+  if (p.input != nullptr) {
+    for (int64_t item = warp; item < rows * pieces; item += num_warps) {
+      const int64_t row = item / pieces;
+      const int piece = static_cast<int>(item % pieces);
+      if (skip(row)) continue;
+      uint8_t* dst = region + row * p.row_bytes;
+      const uint32_t word = QuantizeCombinePiece<T>(dst, p.input + row * p.row_bytes, p.hidden, piece, lane);
+      const int col = piece * kScalesPerPiece + lane;
+      if (lane < kScalesPerPiece && col < cols) reinterpret_cast<uint32_t*>(dst + p.hidden)[col] = word;
+    }
+    return;
+  }
+  for (int64_t row = warp; row < rows; row += num_warps) {
+    if (skip(row)) continue;
+    uint8_t* dst = region + row * p.row_bytes;
+    for (int piece = 0; piece < pieces; ++piece) {
+      const uint32_t word = QuantizeCombinePiece<T>(dst, dst, p.hidden, piece, lane);
+      const int col = piece * kScalesPerPiece + lane;
+      if (lane < kScalesPerPiece && col < cols) warp_scales[col] = __uint_as_float(word);
+    }
+    __syncwarp();
+    for (int c = lane; c < cols; c += 32) reinterpret_cast<float*>(dst + p.hidden)[c] = warp_scales[c];
+    __syncwarp();  // the scales are read before the next row overwrites them
+  }
+}
 
 template <int kVec>
 __device__ __forceinline__ void CopyRow(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
@@ -59,13 +138,20 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
   }
 }
 
-__global__ void __launch_bounds__(kCombineThreads) CombinePublishKernel(const __grid_constant__ CombineParams p) {
+__global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const __grid_constant__ CombineParams p) {
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
   if (HasFatalError(meta)) return;  // set by earlier kernels only: all blocks agree
   const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->combine_epoch) + 1;
 
-  if (p.input != nullptr) {
+  if (p.fp8_wire) {
+    __shared__ float s_scales[kCombineWarps][kFp8WireMaxCols];
+    if (p.fp16) {
+      QuantizeRowsFp8<__half>(p, s_scales[threadIdx.x / 32]);
+    } else {
+      QuantizeRowsFp8<__nv_bfloat16>(p, s_scales[threadIdx.x / 32]);
+    }
+  } else if (p.input != nullptr) {
     const int warp = blockIdx.x * kCombineWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
     uint8_t* region = p.ranks.Base(p.ranks.ep_rank) + p.combine_offset;
     const int64_t rows = static_cast<int64_t>(ep_size) * p.runtime_max;
@@ -90,24 +176,6 @@ __global__ void __launch_bounds__(kCombineThreads) CombinePublishKernel(const __
     meta->combine_epoch = epoch;
   }
 }
-
-template <typename T>
-struct FloatConvert;
-template <>
-struct FloatConvert<float> {
-  static __device__ __forceinline__ float ToFloat(float x) { return x; }
-  static __device__ __forceinline__ float FromFloat(float x) { return x; }
-};
-template <>
-struct FloatConvert<__nv_bfloat16> {
-  static __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 FromFloat(float x) { return __float2bfloat16_rn(x); }
-};
-template <>
-struct FloatConvert<__half> {
-  static __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half FromFloat(float x) { return __float2half_rn(x); }
-};
 
 constexpr int kCombineLoadBatch = 8;  // partials loaded before the first add: up to 8 NVLink reads in flight
 
@@ -164,6 +232,95 @@ __device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, i
     for (int e = 0; e < kElems; ++e) o[e] = FloatConvert<T>::FromFloat(acc[e]);
     *reinterpret_cast<Vec*>(static_cast<uint8_t*>(p.output) + t * p.row_bytes + off) = out;
   }
+}
+
+constexpr int kFp8PullElems = 16;  // per lane: one 16-byte load of FP8 values, two of bf16|fp16
+constexpr int kFp8PullBatch = 4;   // sources loaded before the first add
+
+// PullItems over the FP8 wire: a warp per (token, 512 elements); a lane dequantizes 16 elements of each remote
+// source (q * scale in fp32, one rounding) and takes its own rank's partial as is (from the caller's partials, or
+// the combine region when zero copy), adding in increasing rank order. hidden % 8 == 0, so a lane has 16 elements
+// or, at the row's end, 8.
+template <typename T>
+__device__ __forceinline__ void PullItemsFp8(const CombineParams& p, bool failed, int64_t first_item,
+                                             int64_t item_stride) {
+  constexpr int kPieceElems = 32 * kFp8PullElems;
+  constexpr int kHalf = kFp8PullElems / 2;
+  const int lane = threadIdx.x % 32;
+  const int pieces = (p.hidden + kPieceElems - 1) / kPieceElems;
+  const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
+  const int32_t* routing =
+      reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
+  const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
+
+  for (int64_t item = first_item; item < items; item += item_stride) {
+    const int64_t t = item / pieces;
+    const int64_t e0 = (item % pieces) * kPieceElems + lane * kFp8PullElems;
+    const int32_t entry = (!failed && lane < p.route_stride) ? routing[t * p.route_stride + lane] : -1;
+    const int num_sources = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
+    const bool active = e0 < p.hidden;
+    const bool full = e0 + kFp8PullElems <= p.hidden;
+
+    float acc[kFp8PullElems];
+#pragma unroll
+    for (int e = 0; e < kFp8PullElems; ++e) acc[e] = 0.0f;
+    for (int j0 = 0; j0 < num_sources; j0 += kFp8PullBatch) {
+      uint4 loaded[kFp8PullBatch][2];  // FP8: [0] holds 16 values; own rank: 8 elements in each
+      float scale[kFp8PullBatch];      // 0 marks this rank's own partial (an FP8 block scale is never 0)
+#pragma unroll
+      for (int j = 0; j < kFp8PullBatch; ++j) {
+        const int32_t e = __shfl_sync(0xffffffffu, entry, (j0 + j) & 31);
+        if (active && j0 + j < num_sources) {
+          const int rank = RouteRank(e);
+          const bool own = rank == p.ranks.ep_rank;
+          const uint8_t* region = own && p.input != nullptr ? p.input : p.ranks.Base(rank) + p.combine_offset;
+          const uint8_t* row = region + (src_block + RouteSlot(e)) * p.row_bytes;
+          if (own) {
+            const uint4* v = reinterpret_cast<const uint4*>(row + e0 * sizeof(T));
+            loaded[j][0] = v[0];
+            if (full) loaded[j][1] = v[1];
+            scale[j] = 0.0f;
+          } else {
+            loaded[j][0] = full ? *reinterpret_cast<const uint4*>(row + e0)
+                                : make_uint4(reinterpret_cast<const uint2*>(row + e0)->x,
+                                             reinterpret_cast<const uint2*>(row + e0)->y, 0, 0);
+            scale[j] = reinterpret_cast<const float*>(row + p.hidden)[e0 / quant::kFp8Block];
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kFp8PullBatch; ++j) {
+        if (!active || j0 + j >= num_sources) continue;
+        if (scale[j] == 0.0f) {
+          const T* lo = reinterpret_cast<const T*>(&loaded[j][0]);
+          const T* hi = reinterpret_cast<const T*>(&loaded[j][1]);
+#pragma unroll
+          for (int e = 0; e < kHalf; ++e) {
+            acc[e] += FloatConvert<T>::ToFloat(lo[e]);
+            acc[kHalf + e] += full ? FloatConvert<T>::ToFloat(hi[e]) : 0.0f;
+          }
+        } else {
+          const uint8_t* q = reinterpret_cast<const uint8_t*>(&loaded[j][0]);
+#pragma unroll
+          for (int e = 0; e < kFp8PullElems; ++e) acc[e] += __fmul_rn(quant::FromE4m3(q[e]), scale[j]);
+        }
+      }
+    }
+    if (!active) continue;
+    uint4 out[2];
+    T* o = reinterpret_cast<T*>(out);
+#pragma unroll
+    for (int e = 0; e < kFp8PullElems; ++e) o[e] = FloatConvert<T>::FromFloat(acc[e]);
+    uint4* dst = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.output) + (t * p.hidden + e0) * sizeof(T));
+    dst[0] = out[0];
+    if (full) dst[1] = out[1];
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kCombineThreads) CombinePullFp8Kernel(const __grid_constant__ CombineParams p) {
+  PullItemsFp8<T>(p, HasFatalError(p.ranks.MyMeta()), blockIdx.x * kCombineWarps + threadIdx.x / 32,
+                  static_cast<int64_t>(gridDim.x) * kCombineWarps);
 }
 
 template <typename T, int kVec>
@@ -274,28 +431,42 @@ struct PullPreloader {
 // ranks share a GPU, so a zero-copy combine may run as one kernel whose blocks all wait for the peers.
 inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
                                  bool one_gpu_per_rank, cudaStream_t stream) {
+  if (p.fp8_wire) pull_vec_bytes = kFp8PullElems * 2;  // bf16|fp16, 16 elements a lane
   const int64_t pieces = (p.row_bytes + 32 * pull_vec_bytes - 1) / (32 * pull_vec_bytes);
   const int64_t warps = static_cast<int64_t>(p.num_tokens) * pieces;
   const int pull_blocks = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(num_sms * 8, (warps + kCombineWarps - 1) / kCombineWarps)));
   // One kernel only while the pull fits in one wave: a larger grid spends more on every block waiting and counting
   // itself than the second launch costs (measured on 2x H200: 1.9 us saved at 1 token, 1.3 us lost at 1024).
-  if (one_gpu_per_rank && p.input == nullptr && pull_blocks <= num_sms) {
+  if (one_gpu_per_rank && p.input == nullptr && !p.fp8_wire && pull_blocks <= num_sms) {
     return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, true, stream});
   }
-  // Zero copy needs one block (the signal); a copy gets a warp per row, up to two blocks per multiprocessor.
-  const int64_t rows = static_cast<int64_t>(p.ranks.ep_size) * p.runtime_max;
-  const int64_t copy_blocks = std::min<int64_t>(num_sms * 2, (rows + kCombineWarps - 1) / kCombineWarps);
-  const int publish_blocks = p.input == nullptr ? 1 : static_cast<int>(std::max<int64_t>(copy_blocks, 1));
+  // Zero copy needs one block (the signal); a copy gets a warp per row (per piece of a row when quantizing from a
+  // partials tensor), up to two blocks per multiprocessor.
+  const int64_t items = static_cast<int64_t>(p.ranks.ep_size) * p.runtime_max *
+                        (p.fp8_wire && p.input != nullptr ? (p.hidden + kQuantPieceElems - 1) / kQuantPieceElems : 1);
+  const int64_t copy_blocks = std::min<int64_t>(num_sms * 2, (items + kCombineWarps - 1) / kCombineWarps);
+  const bool copies = p.input != nullptr || p.fp8_wire;
+  const int publish_blocks = copies ? static_cast<int>(std::max<int64_t>(copy_blocks, 1)) : 1;
   CombinePublishKernel<<<publish_blocks, kCombineThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.num_tokens == 0) return err;
+  if (p.fp8_wire) {
+    if (p.fp16) {
+      CombinePullFp8Kernel<__half><<<pull_blocks, kCombineThreads, 0, stream>>>(p);
+    } else {
+      CombinePullFp8Kernel<__nv_bfloat16><<<pull_blocks, kCombineThreads, 0, stream>>>(p);
+    }
+    return cudaGetLastError();
+  }
   return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, false, stream});
 }
 
 inline cudaError_t GetCombineKernelAttributes() {
   cudaFuncAttributes attr;
   cudaError_t err = cudaFuncGetAttributes(&attr, CombinePublishKernel);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePullFp8Kernel<__half>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePullFp8Kernel<__nv_bfloat16>);
   for (FloatType type : {FloatType::kFloat32, FloatType::kBFloat16, FloatType::kFloat16}) {
     for (int vec : {16, 8, 4, 2}) {
       if (err == cudaSuccess) err = DispatchPullKernel(type, vec, PullPreloader{});

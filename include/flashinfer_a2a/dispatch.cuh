@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "protocol.cuh"
+#include "quant_dispatch.cuh"
 
 namespace flashinfer_a2a {
 
@@ -39,6 +40,8 @@ struct DispatchParams {
   int64_t recv_offset[kMaxPayloads];  // receive region of payload p within every rank's workspace
   int32_t vec_bytes[kMaxPayloads];
   int32_t pieces[kMaxPayloads];       // ceil(row_bytes / (32 * kDispatchPieceVectors * vec_bytes))
+  DispatchQuant quant;  // format kNone: every payload is copied; otherwise payload 0 is quantized (its pieces are
+                        // kQuantPieceElems elements; row_bytes and recv_offset of payload 0 are unused)
   int64_t routing_offset;
   int32_t* recv_counts;  // [ep_size] out: tokens received from each source rank
   uint64_t timeout_ns;
@@ -79,8 +82,15 @@ __device__ __forceinline__ void CopyPiece(const DispatchParams& p, int pp, int p
   }
 }
 
+template <QuantFormat F>
 __device__ __forceinline__ void DispatchCopyPiece(const DispatchParams& p, int pp, int piece, int64_t t,
                                                   int32_t entry, int num_targets, int lane) {
+  if constexpr (F != QuantFormat::kNone) {
+    if (pp == 0) {
+      DispatchQuantizePiece<F>(p.quant, p.ranks, p.runtime_max, p.payload[0], t, piece, entry, num_targets, lane);
+      return;
+    }
+  }
   switch (p.vec_bytes[pp]) {
     case 16: CopyPiece<16>(p, pp, piece, t, entry, num_targets, lane); break;
     case 8: CopyPiece<8>(p, pp, piece, t, entry, num_targets, lane); break;
@@ -159,7 +169,9 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   }
 }
 
-template <typename IdT>
+// F: the format payload 0 is quantized into (kNone: every payload copied). One kernel per format, so the plain
+// copy keeps its registers free of the quantizing paths'.
+template <typename IdT, QuantFormat F>
 __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __grid_constant__ DispatchParams p) {
   __shared__ uint8_t s_rank_of[kRankTableExperts];
   __shared__ int32_t s_base[kMaxRanks];
@@ -199,7 +211,7 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
     while (piece >= p.pieces[pp]) piece -= p.pieces[pp++];
     const int32_t entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
     const int num_targets = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
-    DispatchCopyPiece(p, pp, piece, t, entry, num_targets, lane);
+    DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane);
   }
 
   // Step 3: the last block publishes counts and waits for every peer's.
@@ -245,21 +257,36 @@ inline int DispatchGridSize(int num_tokens, int num_sms) {
   return (num_tokens + chunk - 1) / chunk;
 }
 
+template <typename IdT>
+struct DispatchKernelOf {
+  static auto Get(QuantFormat f) {
+    switch (f) {
+      case QuantFormat::kFp8Block: return DispatchKernel<IdT, QuantFormat::kFp8Block>;
+      case QuantFormat::kMxfp8: return DispatchKernel<IdT, QuantFormat::kMxfp8>;
+      case QuantFormat::kNvfp4: return DispatchKernel<IdT, QuantFormat::kNvfp4>;
+      default: return DispatchKernel<IdT, QuantFormat::kNone>;
+    }
+  }
+};
+
 inline cudaError_t LaunchDispatch(const DispatchParams& p, bool ids_int64, int num_sms, cudaStream_t stream) {
   const int blocks = DispatchGridSize(p.num_tokens, num_sms);
   if (ids_int64) {
-    DispatchKernel<int64_t><<<blocks, kDispatchThreads, 0, stream>>>(p);
+    DispatchKernelOf<int64_t>::Get(p.quant.format)<<<blocks, kDispatchThreads, 0, stream>>>(p);
   } else {
-    DispatchKernel<int32_t><<<blocks, kDispatchThreads, 0, stream>>>(p);
+    DispatchKernelOf<int32_t>::Get(p.quant.format)<<<blocks, kDispatchThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
 
 inline cudaError_t GetDispatchKernelAttributes() {
   cudaFuncAttributes attr;
-  cudaError_t err = cudaFuncGetAttributes(&attr, DispatchKernel<int32_t>);
-  if (err != cudaSuccess) return err;
-  return cudaFuncGetAttributes(&attr, DispatchKernel<int64_t>);
+  cudaError_t err = cudaSuccess;
+  for (QuantFormat f : {QuantFormat::kNone, QuantFormat::kFp8Block, QuantFormat::kMxfp8, QuantFormat::kNvfp4}) {
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelOf<int32_t>::Get(f));
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelOf<int64_t>::Get(f));
+  }
+  return err;
 }
 
 }  // namespace flashinfer_a2a

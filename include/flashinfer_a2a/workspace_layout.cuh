@@ -94,16 +94,48 @@ inline WorkspaceLayout ComputeLayout(const WorkspaceConfig& c) {
   return l;
 }
 
-// Byte offsets (within a rank's workspace) of each payload's receive region for one dispatch call.
-// Fits inside the dispatch region whenever runtime_max <= max_num_tokens and sum(row_bytes) <=
-// dispatch_bytes_per_token.
-inline void ComputeRecvOffsets(const WorkspaceLayout& l, int32_t ep_size, int64_t runtime_max,
-                               const int64_t* row_bytes, int num_payloads, int64_t* offsets) {
+// Byte offsets (within a rank's workspace) of each receive region of one dispatch call, given the bytes of one
+// source block of each (runtime_max rows of a payload, or a swizzled scale block). Fits inside the dispatch region
+// whenever every block_bytes sums to at most max_num_tokens * dispatch_bytes_per_token.
+inline void ComputeRecvOffsets(const WorkspaceLayout& l, int32_t ep_size, const int64_t* block_bytes,
+                               int num_regions, int64_t* offsets) {
   int64_t offset = l.dispatch_offset;
-  for (int p = 0; p < num_payloads; ++p) {
+  for (int p = 0; p < num_regions; ++p) {
     offsets[p] = offset;
-    offset = AlignUp(offset + ep_size * runtime_max * row_bytes[p], kAlignBytes);
+    offset = AlignUp(offset + ep_size * block_bytes[p], kAlignBytes);
   }
+}
+
+// Quantized wire formats a dispatch can quantize its first payload into (values and one scale per block of
+// elements; defined in quant.cuh and flashinfer_a2a/reference/quant.py). The values arrive in one receive region
+// and the scales in the next.
+enum class QuantFormat : int32_t { kNone = 0, kFp8Block = 1, kMxfp8 = 2, kNvfp4 = 3 };
+
+struct QuantWire {
+  int32_t block;              // elements per scale
+  int32_t scale_bytes;        // fp32 for FP8 block scales, one byte (UE8M0 / UE4M3) otherwise
+  int32_t elements_per_byte;  // 2 for packed E2M1
+
+  int64_t ValueBytes(int64_t hidden) const { return (hidden + elements_per_byte - 1) / elements_per_byte; }
+  int64_t ScaleCols(int64_t hidden) const { return (hidden + block - 1) / block; }
+  // One source block's scales: [rows, cols] row-major, or the 128x4-tile layout (rows padded to 128, columns to 4).
+  int64_t ScaleBlockBytes(int64_t hidden, int64_t rows, bool swizzled) const {
+    const int64_t cols = ScaleCols(hidden);
+    return swizzled ? AlignUp(rows, 128) * AlignUp(cols, 4) : rows * cols * scale_bytes;
+  }
+};
+
+constexpr QuantWire WireOf(QuantFormat f) {
+  return f == QuantFormat::kFp8Block ? QuantWire{128, 4, 1}
+         : f == QuantFormat::kMxfp8  ? QuantWire{32, 1, 1}
+                                     : QuantWire{16, 1, 2};
+}
+
+// Byte offset of scale (row, col) within a source block in the 128x4-tile layout (tiles_per_row = cols / 4,
+// rounded up): tile (row / 128, col / 4) is 512 contiguous bytes, holding (row, col) at (row % 32) * 16 +
+// (row % 128 / 32) * 4 + col % 4.
+constexpr int64_t SwizzledScaleOffset(int64_t row, int64_t col, int64_t tiles_per_row) {
+  return ((row / 128) * tiles_per_row + col / 4) * 512 + (row % 32) * 16 + (row % 128 / 32) * 4 + col % 4;
 }
 
 }  // namespace flashinfer_a2a

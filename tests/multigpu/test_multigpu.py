@@ -40,7 +40,7 @@ def _launch(launcher: str, nproc: int, checks: list[str], timeout: int = 600) ->
     return out
 
 
-CHECKS = ["correctness", "graph", "compile", "interleaved", "lifecycle", "misuse", "missing_rank"]
+CHECKS = ["correctness", "quantized", "graph", "compile", "interleaved", "lifecycle", "misuse", "missing_rank"]
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])

@@ -91,6 +91,53 @@ def check_correctness(group, comm):
         a2a.destroy()
 
 
+def check_quantized(group, comm):
+    """Fused quantizing dispatch (each format, both scale layouts) and the FP8-wire combine across processes."""
+    from flashinfer_a2a.reference import quant as q
+
+    rank, n = comm.rank, comm.size
+    seed = shared_seed(comm)
+    top_k, hidden, num_experts, max_tokens = 8, 7168, 32 * n, 160
+    quantizers = {"fp8_block": q.quantize_fp8_block, "mxfp8": q.quantize_mxfp8,
+                  "nvfp4": lambda x: q.quantize_nvfp4(x, 448.0 * 6.0 / 8.0)}
+    for i, (fmt, swizzled) in enumerate((("fp8_block", False), ("mxfp8", True), ("nvfp4", False), ("nvfp4", True))):
+        a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=num_experts, hidden_size=hidden,
+                          dispatch_format=fmt, swizzled_scales=swizzled)
+        tokens = [(53 * r + 29 * i) % (max_tokens + 1) for r in range(n)]
+        ids, _, _ = make_inputs(n, tokens, top_k, hidden, num_experts, seed + i)
+        gen = torch.Generator().manual_seed(seed + 20 + i)  # |x| <= 8: the nvfp4 global scale above
+        xs = [(torch.randn(t, hidden, generator=gen) * 2).clamp(-8, 8).to(torch.bfloat16) for t in tokens]
+        gs = torch.tensor([448.0 * 6.0 / 8.0], device="cuda") if fmt == "nvfp4" else None
+        (values, scales, recv_ids), counts = a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda(), ids[rank].cuda()],
+                                                          max_tokens, quant_format=fmt, global_scale=gs,
+                                                          swizzled_scales=swizzled)
+        want = ref.reference_dispatch(ids, [[x, i] for x, i in zip(xs, ids)], num_experts, max_tokens)
+        torch.cuda.synchronize()
+        fa.check_error(a2a.workspace, rank)
+        assert torch.equal(counts.cpu(), want.recv_counts[rank])
+        cols = -(-hidden // (128 if fmt == "fp8_block" else 32 if fmt == "mxfp8" else 16))
+        for src in range(n):
+            m = int(want.recv_counts[rank][src])
+            want_values, want_scales = quantizers[fmt](want.recv_payloads[rank][0][src, :m])
+            assert torch.equal(values[src, :m].cpu().view(torch.uint8), want_values.view(torch.uint8)), fmt
+            got_scales = (q.unswizzle_scales_128x4(scales[src].cpu(), 256, -(-cols // 4) * 4)[:m, :cols]
+                          if swizzled else scales[src, :m].cpu())
+            assert torch.equal(got_scales.view(torch.uint8), want_scales.view(torch.uint8)), f"{fmt} scales"
+            assert torch.equal(recv_ids[src, :m].cpu(), want.recv_payloads[rank][1][src, :m])
+        gen = torch.Generator().manual_seed(seed + 50 + i)
+        partials = [torch.randn(n, max_tokens, hidden, generator=gen).to(torch.bfloat16) for _ in range(n)]
+        expected_out = q.reference_combine_fp8(partials, want)[rank]
+        if i % 2:
+            a2a.combine_input().copy_(partials[rank].cuda())
+            out = a2a.combine(quant_format="fp8_block")
+        else:
+            out = a2a.combine(partials[rank].cuda(), quant_format="fp8_block")
+        torch.cuda.synchronize()
+        fa.check_error(a2a.workspace, rank)
+        assert ref.bitwise_equal(out.cpu(), expected_out), "FP8-wire combine differs from the reference"
+        a2a.destroy()
+
+
 def _layer(a2a, ids, x):
     (recv_x,), counts = a2a.dispatch(ids, [x])
     a2a.combine_input().copy_((recv_x.float() * 1.5).to(torch.bfloat16))

@@ -1,0 +1,231 @@
+// Fused quantization in dispatch: the first payload (bf16|fp16 hidden states) is quantized while it is sent.
+//
+// A warp takes a piece of 1024 elements of one token: each lane loads 8 consecutive elements per round, 4 rounds.
+// Every scale block (128, 32 or 16 elements) is a whole group of 16, 4 or 2 lanes of one round, so its maximum
+// takes a few shuffles. The piece's scales are then gathered into a few lanes (small scattered stores would cost
+// an NVLink transaction each). The piece is loaded and quantized once and its values and scales are stored to
+// every target rank, like a plain payload piece. quant.cuh holds the conversions.
+#pragma once
+
+#include <cstdint>
+
+#include "float_convert.cuh"
+#include "protocol.cuh"
+#include "quant.cuh"
+
+namespace flashinfer_a2a {
+
+constexpr int kQuantLaneElems = 8;
+constexpr int kQuantRounds = 4;
+constexpr int kQuantPieceElems = 32 * kQuantLaneElems * kQuantRounds;
+
+struct DispatchQuant {
+  QuantFormat format;
+  bool fp16;        // fp16 input, else bf16
+  bool vectorized;  // hidden % 8 == 0 and a 16-byte aligned input: whole 8-element loads and stores
+  bool swizzled;    // scales in the 128x4-tile layout, per source block
+  int32_t hidden;
+  int32_t scale_cols;
+  int64_t value_row_bytes;
+  int64_t values_offset;  // receive regions within every rank's workspace
+  int64_t scales_offset;
+  int64_t scale_block_bytes;  // one source block of scales
+  const float* global_scale;  // NVFP4: a device fp32 scalar
+};
+
+// One lane's 8 elements, quantized: fp8 bytes (values[0] low four, values[1] high four) or eight E2M1 codes in
+// values[0] (element i in bits 4i..4i+3), and its block's scale.
+struct LaneQuant {
+  uint32_t values[2];
+  float scale;       // FP8 block scale
+  uint8_t scale_bits;  // UE8M0 or UE4M3
+};
+
+template <QuantFormat F>
+__device__ __forceinline__ LaneQuant QuantizeLane(const float (&x)[kQuantLaneElems], float global_scale) {
+  constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // lanes per scale block
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kQuantLaneElems; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+  for (int m = kGroup / 2; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+
+  LaneQuant out{};
+  if constexpr (F == QuantFormat::kNvfp4) {
+    out.scale_bits = quant::Nvfp4ScaleBits(amax, global_scale);
+    const float inverse = quant::Nvfp4Inverse(out.scale_bits, global_scale);
+    out.values[0] = quant::Nvfp4Codes(x, inverse);
+    return out;
+  }
+  uint8_t bytes[kQuantLaneElems];
+  if constexpr (F == QuantFormat::kFp8Block) {
+    out.scale = quant::Fp8BlockScale(amax);
+#pragma unroll
+    for (int i = 0; i < kQuantLaneElems; ++i) bytes[i] = quant::Fp8BlockValue(x[i], out.scale);
+  } else {
+    const int e = quant::MxExponent(amax);
+    out.scale_bits = quant::MxScaleByte(e);
+#pragma unroll
+    for (int i = 0; i < kQuantLaneElems; ++i) bytes[i] = quant::Mxfp8Value(x[i], e);
+  }
+#pragma unroll
+  for (int i = 0; i < kQuantLaneElems; ++i) out.values[i / 4] |= uint32_t{bytes[i]} << (8 * (i % 4));
+  return out;
+}
+
+// One lane's 8 elements of a bf16|fp16 row from element e0, as 16 raw bytes (zeros past the row's end).
+template <typename T>
+__device__ __forceinline__ uint4 LoadLaneElems(const T* row, int64_t e0, int hidden, bool vectorized) {
+  if (vectorized && e0 + kQuantLaneElems <= hidden) return *reinterpret_cast<const uint4*>(row + e0);
+  uint4 raw = make_uint4(0, 0, 0, 0);
+  T* h = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kQuantLaneElems; ++i) {
+    if (e0 + i < hidden) h[i] = row[e0 + i];
+  }
+  return raw;
+}
+
+template <typename T>
+__device__ __forceinline__ void UnpackLaneElems(const uint4& raw, float (&x)[kQuantLaneElems]) {
+  const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kQuantLaneElems; ++i) x[i] = FloatConvert<T>::ToFloat(h[i]);
+}
+
+// Stores one lane's values at element e0 of a received row (bytes past the row's end are never written).
+template <QuantFormat F>
+__device__ __forceinline__ void StoreLaneValues(uint8_t* row, int64_t e0, int hidden, bool vectorized,
+                                                const LaneQuant& lq) {
+  constexpr int kPerByte = WireOf(F).elements_per_byte;
+  uint8_t* dst = row + e0 / kPerByte;
+  if (vectorized && e0 + kQuantLaneElems <= hidden) {
+    if constexpr (kPerByte == 2) {
+      *reinterpret_cast<uint32_t*>(dst) = lq.values[0];
+    } else {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(lq.values[0], lq.values[1]);
+    }
+    return;
+  }
+  const int64_t left = hidden - e0 + kPerByte - 1;  // elements from e0 on, rounded up to whole bytes
+  const int bytes = static_cast<int>(left < kQuantLaneElems ? left : kQuantLaneElems) / kPerByte;
+#pragma unroll
+  for (int i = 0; i < kQuantLaneElems / kPerByte; ++i) {
+    if (i < bytes) dst[i] = static_cast<uint8_t>(lq.values[i / 4] >> (8 * (i % 4)));
+  }
+}
+
+// Scale columns of one piece: 8 fp32 FP8 block scales, 32 UE8M0 or 64 UE4M3 bytes.
+template <QuantFormat F>
+constexpr int kPieceScales = kQuantPieceElems / WireOf(F).block;
+
+// A piece's scales gathered into the low lanes, so they leave in a few wide stores instead of one store per block:
+// lane j gets the fp32 scale of the piece's column j (FP8 block scales), or the bytes of columns 4j..4j+3.
+template <QuantFormat F>
+__device__ __forceinline__ uint32_t GatherPieceScales(const LaneQuant (&lq)[kQuantRounds], int lane) {
+  constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // block b of a round is quantized by lanes b * kGroup..
+  constexpr int kBlocksPerRound = 32 / kGroup;
+  uint32_t word = 0;
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) {
+    if constexpr (F == QuantFormat::kFp8Block) {
+      const float v = __shfl_sync(0xffffffffu, lq[u].scale, (lane % kBlocksPerRound) * kGroup);
+      if (lane / kBlocksPerRound == u) word = __float_as_uint(v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int col = 4 * lane + k;
+        const uint32_t v = __shfl_sync(0xffffffffu, uint32_t{lq[u].scale_bits}, (col % kBlocksPerRound) * kGroup);
+        if (col / kBlocksPerRound == u) word |= v << (8 * k);
+      }
+    }
+  }
+  return word;
+}
+
+// Stores the gathered scales of a piece whose first column is c0, for row `slot` of source block `src_rank`. In the
+// swizzled layout the padding columns (up to a multiple of 4) get zeros: their blocks lie past the row's end, so
+// they quantized nothing and their scale bytes are 0.
+template <QuantFormat F>
+__device__ __forceinline__ void StorePieceScales(const DispatchQuant& q, uint8_t* base, int src_rank, int64_t src_row,
+                                                 int64_t slot, int c0, uint32_t word, int lane) {
+  uint8_t* scales = base + q.scales_offset;
+  if constexpr (F == QuantFormat::kFp8Block) {
+    const int col = c0 + lane;
+    if (lane < kPieceScales<F> && col < q.scale_cols) {
+      reinterpret_cast<uint32_t*>(scales)[src_row * q.scale_cols + col] = word;
+    }
+    return;
+  }
+  const int col = c0 + 4 * lane;
+  if (lane >= kPieceScales<F> / 4) return;
+  if (q.swizzled) {
+    const int64_t tiles_per_row = (q.scale_cols + 3) / 4;
+    if (col < tiles_per_row * 4) {
+      *reinterpret_cast<uint32_t*>(scales + src_rank * q.scale_block_bytes +
+                                   SwizzledScaleOffset(slot, col, tiles_per_row)) = word;
+    }
+    return;
+  }
+  uint8_t* dst = scales + src_row * q.scale_cols + col;
+  if (q.scale_cols % 4 == 0) {  // whole, aligned words
+    if (col < q.scale_cols) *reinterpret_cast<uint32_t*>(dst) = word;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (col + k < q.scale_cols) dst[k] = static_cast<uint8_t>(word >> (8 * k));
+  }
+}
+
+// Quantizes piece `piece` of token t and stores it to each of the `num_targets` (rank, slot) entries held by lanes
+// 0..num_targets-1 in `entry`.
+template <typename T, QuantFormat F>
+__device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Ranks& ranks, int64_t runtime_max,
+                                              const uint8_t* payload, int64_t t, int piece, int32_t entry,
+                                              int num_targets, int lane) {
+  const T* row = reinterpret_cast<const T*>(payload) + t * q.hidden;
+  uint4 raw[kQuantRounds];  // every load in flight before the first conversion
+  int e0[kQuantRounds];     // hidden < 2^30
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) {
+    e0[u] = piece * kQuantPieceElems + (u * 32 + lane) * kQuantLaneElems;
+    raw[u] = LoadLaneElems<T>(row, e0[u], q.hidden, q.vectorized);
+  }
+  const float global_scale = F == QuantFormat::kNvfp4 ? *q.global_scale : 0.0f;
+  LaneQuant lq[kQuantRounds];
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) {
+    float x[kQuantLaneElems];
+    UnpackLaneElems<T>(raw[u], x);
+    lq[u] = QuantizeLane<F>(x, global_scale);
+  }
+
+  const uint32_t scales = GatherPieceScales<F>(lq, lane);
+
+  const int64_t src_block = static_cast<int64_t>(ranks.ep_rank) * runtime_max;
+  for (int j = 0; j < num_targets; ++j) {
+    const int32_t e = __shfl_sync(0xffffffffu, entry, j);
+    uint8_t* base = ranks.Base(RouteRank(e));
+    const int64_t slot = RouteSlot(e);
+    uint8_t* values = base + q.values_offset + (src_block + slot) * q.value_row_bytes;
+#pragma unroll
+    for (int u = 0; u < kQuantRounds; ++u) {
+      if (e0[u] < q.hidden) StoreLaneValues<F>(values, e0[u], q.hidden, q.vectorized, lq[u]);
+    }
+    StorePieceScales<F>(q, base, ranks.ep_rank, src_block + slot, slot, piece * kPieceScales<F>, scales, lane);
+  }
+}
+
+template <QuantFormat F>
+__device__ __forceinline__ void DispatchQuantizePiece(const DispatchQuant& q, const Ranks& ranks,
+                                                      int64_t runtime_max, const uint8_t* payload, int64_t t,
+                                                      int piece, int32_t entry, int num_targets, int lane) {
+  if (q.fp16) {
+    QuantizePiece<__half, F>(q, ranks, runtime_max, payload, t, piece, entry, num_targets, lane);
+  } else {
+    QuantizePiece<__nv_bfloat16, F>(q, ranks, runtime_max, payload, t, piece, entry, num_targets, lane);
+  }
+}
+
+}  // namespace flashinfer_a2a
