@@ -138,6 +138,27 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
   }
 }
 
+// Tells every peer that this rank's combine input for `epoch` is in place (the block's threads share the stores).
+__device__ __forceinline__ void PublishCombineEpoch(const CombineParams& p, uint32_t epoch) {
+  for (int r = threadIdx.x; r < p.ranks.ep_size; r += kCombineThreads) {
+    StoreReleaseSys(&p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank], epoch);
+  }
+}
+
+// Waits (bounded) until every peer has published `epoch`, recording a timeout per missing peer. Returns whether
+// one of this thread's peers timed out; the acquires cover only this thread until a barrier extends them.
+__device__ __forceinline__ bool WaitCombinePeers(const CombineParams& p, RankMetadata* meta, uint32_t epoch) {
+  bool timed_out = false;
+  for (int src = threadIdx.x; src < p.ranks.ep_size; src += kCombineThreads) {
+    if (!WaitUntil([&] { return EpochReached(LoadAcquireSys(&meta->combine_signal[src]), epoch); },
+                   p.timeout_ns)) {
+      RecordError(meta, ErrorCode::kTimeout, Phase::kCombine, src, epoch, 0);
+      timed_out = true;
+    }
+  }
+  return timed_out;
+}
+
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const __grid_constant__ CombineParams p) {
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
@@ -162,14 +183,8 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
   }
 
   if (!ArriveLastBlock(&meta->blocks_done)) return;
-  for (int r = threadIdx.x; r < ep_size; r += kCombineThreads) {
-    StoreReleaseSys(&p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank], epoch);
-  }
-  for (int src = threadIdx.x; src < ep_size; src += kCombineThreads) {
-    const bool arrived =
-        WaitUntil([&] { return EpochReached(LoadAcquireSys(&meta->combine_signal[src]), epoch); }, p.timeout_ns);
-    if (!arrived) RecordError(meta, ErrorCode::kTimeout, Phase::kCombine, src, epoch, 0);
-  }
+  PublishCombineEpoch(p, epoch);
+  WaitCombinePeers(p, meta, epoch);
   __syncthreads();
   if (threadIdx.x == 0) {
     meta->blocks_done = 0;
@@ -180,6 +195,19 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
 constexpr int kCombineLoadBatch = 8;  // partials loaded before the first add: up to 8 NVLink reads in flight
 
 // The pull of every (token, piece) item with index = first_item (mod item_stride), by warps.
+// The ranks local token t went to, for a pull: lane j holds the j-th (rank, slot) entry of the routing record (-1
+// past the last, or everywhere once the combine failed); `count` entries in all.
+struct TokenSources {
+  int32_t entry;
+  int count;
+};
+
+__device__ __forceinline__ TokenSources LoadTokenSources(const CombineParams& p, bool failed, int64_t t, int lane) {
+  const int32_t* routing = reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
+  const int32_t entry = (!failed && lane < p.route_stride) ? routing[t * p.route_stride + lane] : -1;
+  return {entry, CountRoutes(entry, p.ranks.ep_size, p.runtime_max)};
+}
+
 template <typename T, int kVec>
 __device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, int64_t first_item,
                                           int64_t item_stride) {
@@ -189,15 +217,12 @@ __device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, i
   const int64_t piece_bytes = 32 * kVec;
   const int pieces = static_cast<int>((p.row_bytes + piece_bytes - 1) / piece_bytes);
   const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
-  const int32_t* routing =
-      reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
   const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
 
   for (int64_t item = first_item; item < items; item += item_stride) {
     const int64_t t = item / pieces;
     const int64_t off = (item % pieces) * piece_bytes + lane * kVec;
-    const int32_t entry = (!failed && lane < p.route_stride) ? routing[t * p.route_stride + lane] : -1;
-    const int num_sources = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
+    const auto [entry, num_sources] = LoadTokenSources(p, failed, t, lane);
     const bool active = off < p.row_bytes;  // the row's last piece may not need every lane
 
     float acc[kElems];
@@ -249,15 +274,12 @@ __device__ __forceinline__ void PullItemsFp8(const CombineParams& p, bool failed
   const int lane = threadIdx.x % 32;
   const int pieces = (p.hidden + kPieceElems - 1) / kPieceElems;
   const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
-  const int32_t* routing =
-      reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
   const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
 
   for (int64_t item = first_item; item < items; item += item_stride) {
     const int64_t t = item / pieces;
     const int64_t e0 = (item % pieces) * kPieceElems + lane * kFp8PullElems;
-    const int32_t entry = (!failed && lane < p.route_stride) ? routing[t * p.route_stride + lane] : -1;
-    const int num_sources = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
+    const auto [entry, num_sources] = LoadTokenSources(p, failed, t, lane);
     const bool active = e0 < p.hidden;
     const bool full = e0 + kFp8PullElems <= p.hidden;
 
@@ -331,7 +353,6 @@ __global__ void __launch_bounds__(kCombineThreads) CombinePullKernel(const __gri
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kCombineThreads) CombineFusedKernel(const __grid_constant__ CombineParams p) {
-  const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
   const int64_t first_item = blockIdx.x * kCombineWarps + threadIdx.x / 32;
   const int64_t item_stride = static_cast<int64_t>(gridDim.x) * kCombineWarps;
@@ -345,21 +366,9 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFusedKernel(const __gr
   __shared__ bool s_publisher;
   if (threadIdx.x == 0) s_publisher = atomicExch(&meta->combine_published, epoch) != epoch;
   __syncthreads();
-  if (s_publisher) {
-    for (int r = threadIdx.x; r < ep_size; r += kCombineThreads) {
-      StoreReleaseSys(&p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank], epoch);
-    }
-  }
-  bool timed_out = false;
-  for (int src = threadIdx.x; src < ep_size; src += kCombineThreads) {
-    if (!WaitUntil([&] { return EpochReached(LoadAcquireSys(&meta->combine_signal[src]), epoch); },
-                   p.timeout_ns)) {
-      RecordError(meta, ErrorCode::kTimeout, Phase::kCombine, src, epoch, 0);
-      timed_out = true;
-    }
-  }
-  // The barrier extends the acquires above to the whole block: the peers' partials are visible to every warp.
-  const bool failed = __syncthreads_or(timed_out) != 0;
+  if (s_publisher) PublishCombineEpoch(p, epoch);
+  // The barrier extends the acquires to the whole block: the peers' partials are visible to every warp.
+  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;
   PullItems<T, kVec>(p, failed, first_item, item_stride);
   // Every block has read the epoch once all have counted themselves: the last advances it. Only this GPU reads the
   // counter and the epoch, so device scope is enough.
