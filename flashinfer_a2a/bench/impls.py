@@ -72,13 +72,17 @@ def variants(args: BenchArgs, dtype: torch.dtype) -> list[Variant]:
                           for kind in ("fused", "pre")]
 
 
+def routing_payload_bytes(args: BenchArgs) -> int:
+    """Bytes of the top-k int32 ids and fp32 weights dispatched with each token (0 with ``--hidden-only``)."""
+    return args.shape.top_k * 8 if args.routing_payloads else 0
+
+
 def dispatch_row_bytes(args: BenchArgs, dtype: torch.dtype, variant: Variant = Variant()) -> int:
     """Bytes dispatched per (token, destination): hidden states (or their values and scales), plus top-k int32
     ids and fp32 weights."""
-    extra = args.shape.top_k * 8 if args.routing_payloads else 0
     if variant.fmt is not None:
-        return wire_format(variant.fmt).row_bytes(args.shape.hidden) + extra
-    return args.shape.hidden * dtype.itemsize + extra
+        return wire_format(variant.fmt).row_bytes(args.shape.hidden) + routing_payload_bytes(args)
+    return args.shape.hidden * dtype.itemsize + routing_payload_bytes(args)
 
 
 def combine_row_bytes(args: BenchArgs, dtype: torch.dtype, variant: Variant = Variant()) -> int:
@@ -127,17 +131,16 @@ class A2A:
     def __init__(self, args: BenchArgs, session: Session, dtype: torch.dtype, variant: Variant = Variant()) -> None:
         self.session, self.num_experts, self.variant = session, args.shape.num_experts, variant
         max_tokens = max(args.tokens)
-        row = dispatch_row_bytes(args, dtype, variant)
-        extra = args.shape.top_k * 8 if args.routing_payloads else 0
         if session.simulated:
-            config = F.WorkspaceConfig(session.ep_size, max_tokens, row, args.shape.hidden * dtype.itemsize,
-                                       top_k=args.shape.top_k)
+            config = F.WorkspaceConfig(session.ep_size, max_tokens, dispatch_row_bytes(args, dtype, variant),
+                                       args.shape.hidden * dtype.itemsize, top_k=args.shape.top_k)
             self.sim = SimulatedRanks(config, session.device)
             self.moe = None
         else:
             self.moe = MoeAlltoAll(session.group, max_num_tokens=max_tokens, top_k=args.shape.top_k,
                                    num_experts=args.shape.num_experts, hidden_size=args.shape.hidden, dtype=dtype,
-                                   extra_dispatch_bytes_per_token=extra, dispatch_format=variant.fmt,
+                                   extra_dispatch_bytes_per_token=routing_payload_bytes(args),
+                                   dispatch_format=variant.fmt,
                                    device=session.device.index)
             self.sim = None
 
@@ -178,6 +181,7 @@ class A2A:
         out = torch.empty(tokens, case.hidden, dtype=case.dtype, device=device)
         dispatch_kw: dict = {}
         combine_kw: dict = {"out": out}
+        partials = None  # the zero-copy combine input, but for the FP8 wire (see the module docstring)
         if variant.kind == "fused":
             gs = nvfp4_global_scale(payloads[0]) if variant.fmt == "nvfp4" else None
             dispatch_kw = {"quant_format": variant.fmt, "global_scale": gs}
@@ -187,11 +191,8 @@ class A2A:
             payloads = pre_quantized(variant.fmt, payloads[0], nvfp4_global_scale(payloads[0])) + payloads[1:]
         if self.moe is not None:
             moe = self.moe
-            if variant.kind == "fused":
-                return RankSteps(lambda: moe.dispatch(ids_dev, payloads, tokens, **dispatch_kw),
-                                 lambda: moe.combine(partials, **combine_kw))
             return RankSteps(lambda: moe.dispatch(ids_dev, payloads, tokens, **dispatch_kw),
-                             lambda: moe.combine(**combine_kw))
+                             lambda: moe.combine(partials, **combine_kw))
         sim, counts = self.sim, {}
 
         def dispatch():
@@ -199,8 +200,7 @@ class A2A:
                                       **dispatch_kw)[1]
 
         def combine():
-            F.combine(sim.workspace, rank, sim.config, counts[rank], tokens, tokens,
-                      partials if variant.kind == "fused" else None, **combine_kw)
+            F.combine(sim.workspace, rank, sim.config, counts[rank], tokens, tokens, partials, **combine_kw)
 
         return RankSteps(dispatch, combine, sim.streams[rank])
 
