@@ -119,10 +119,10 @@ def _quant_format(name: Optional[str]) -> Optional[WireFormat]:
     return None if name is None else wire_format(name, "quant_format")
 
 
-def _global_scale(global_scale, device: torch.device) -> Optional[torch.Tensor]:
+def _global_scale(global_scale, workspace: torch.Tensor) -> Optional[torch.Tensor]:
     if global_scale is None or isinstance(global_scale, torch.Tensor):
         return global_scale
-    return torch.full((1,), float(global_scale), dtype=torch.float32, device=device)
+    return torch.full((1,), float(global_scale), dtype=torch.float32, device=workspace.device)
 
 
 def _view(workspace: torch.Tensor, ep_rank: int, offset: int, shape: Sequence[int], dtype: torch.dtype):
@@ -245,7 +245,7 @@ def launch_dispatch(
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
     ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
                  runtime_max_tokens_per_rank, num_experts, _timeout(timeout_s), 0 if fmt is None else fmt.code,
-                 _global_scale(global_scale, workspace.device), swizzled_scales)
+                 _global_scale(global_scale, workspace), swizzled_scales)
     if debug:
         _debug_check(workspace, ep_rank)
     return recv_counts

@@ -213,3 +213,17 @@ def test_fp8_wire_combine_error_on_gaussian_partials():
     bf16 = torch.cat(reference_combine(partials, result)).float()
     rel = float((fp8 - bf16).norm() / bf16.norm())
     assert 0.012 < rel < 0.03  # docs/quantized_formats.md: 2.2% at ep 4, hidden 7168
+
+
+def test_quantize_picks_the_format_and_checks_the_global_scale():
+    x = torch.randn(3, 300, generator=torch.Generator().manual_seed(4))
+    for fmt, direct in (("fp8_block", q.quantize_fp8_block(x)), ("mxfp8", q.quantize_mxfp8(x)),
+                        ("nvfp4", q.quantize_nvfp4(x, 2.0))):
+        got = q.quantize(x, fmt, 2.0 if fmt == "nvfp4" else None)
+        assert all(torch.equal(g.view(torch.uint8), d.view(torch.uint8)) for g, d in zip(got, direct))
+    with pytest.raises(ValueError, match="global_scale is required by nvfp4"):
+        q.quantize(x, "nvfp4")
+    with pytest.raises(ValueError, match="global_scale is only used by nvfp4"):
+        q.quantize(x, "mxfp8", 1.0)
+    with pytest.raises(ValueError, match="fmt must be fp8_block, mxfp8 or nvfp4, got 'fp4'"):
+        q.quantize(x, "fp4")

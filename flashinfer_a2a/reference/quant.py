@@ -29,6 +29,7 @@ __all__ = [
     "dequantize_mxfp8",
     "dequantize_nvfp4",
     "fp8_wire",
+    "quantize",
     "quantize_fp8_block",
     "quantize_mxfp8",
     "quantize_nvfp4",
@@ -170,6 +171,22 @@ def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, global_scale: f
     blocks, _ = _blocks(values, NVFP4_BLOCK)
     gs = torch.as_tensor(global_scale, dtype=torch.float32)
     return _unblock(blocks * (scales.float().unsqueeze(-1) / gs), hidden)
+
+
+def quantize(x: torch.Tensor, fmt: str, global_scale: float | torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, scales)`` of ``x`` in the wire format called ``fmt`` (``"fp8_block"``, ``"mxfp8"`` or
+    ``"nvfp4"``); ``global_scale`` is NVFP4's per-tensor scale, required there and refused elsewhere (as the
+    quantizing dispatch does)."""
+    if (global_scale is not None) != (fmt == "nvfp4"):
+        raise ValueError(f"global_scale is {'required' if fmt == 'nvfp4' else 'only used'} by nvfp4 (fmt={fmt!r})")
+    if fmt == "fp8_block":
+        return quantize_fp8_block(x)
+    if fmt == "mxfp8":
+        return quantize_mxfp8(x)
+    if fmt == "nvfp4":
+        return quantize_nvfp4(x, global_scale)
+    raise ValueError(f"fmt must be fp8_block, mxfp8 or nvfp4, got {fmt!r}")
 
 
 def _swizzled_index(rows: int, cols: int) -> torch.Tensor:

@@ -16,8 +16,6 @@ from flashinfer_a2a.wire_formats import wire_format
 
 from .cases import scramble_
 
-QUANTIZERS = {"fp8_block": q.quantize_fp8_block, "mxfp8": q.quantize_mxfp8}
-
 
 @dataclasses.dataclass
 class Shape:
@@ -54,12 +52,6 @@ def hidden_states(n: int, shape: Shape, gen: torch.Generator, device) -> torch.T
     return out
 
 
-def reference_quantize(rows: torch.Tensor, fmt: str, global_scale: float):
-    if fmt == "nvfp4":
-        return q.quantize_nvfp4(rows, global_scale)
-    return QUANTIZERS[fmt](rows)
-
-
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
@@ -92,7 +84,8 @@ def test_quantizing_dispatch_matches_reference(fmt, swizzled, shape_name):
             n = int(expected.recv_counts[d][src])
             want_ids = expected.recv_payloads[d][1][src, :n]
             assert torch.equal(recv_ids[src, :n].cpu(), want_ids), f"ids {src}->{d}"
-            want_values, want_scales = reference_quantize(expected.recv_payloads[d][0][src, :n], fmt, global_scale)
+            want_values, want_scales = q.quantize(expected.recv_payloads[d][0][src, :n], fmt,
+                                                  global_scale if fmt == "nvfp4" else None)
             assert same_bits(values[src, :n].cpu(), want_values), f"values {src}->{d}"
             if not swizzled:
                 assert same_bits(scales[src, :n].cpu(), want_scales), f"scales {src}->{d}"

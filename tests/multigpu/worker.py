@@ -94,12 +94,11 @@ def check_correctness(group, comm):
 def check_quantized(group, comm):
     """Fused quantizing dispatch (each format, both scale layouts) and the FP8-wire combine across processes."""
     from flashinfer_a2a.reference import quant as q
+    from flashinfer_a2a.wire_formats import wire_format
 
     rank, n = comm.rank, comm.size
     seed = shared_seed(comm)
     top_k, hidden, num_experts, max_tokens = 8, 7168, 32 * n, 160
-    quantizers = {"fp8_block": q.quantize_fp8_block, "mxfp8": q.quantize_mxfp8,
-                  "nvfp4": lambda x: q.quantize_nvfp4(x, 448.0 * 6.0 / 8.0)}
     for i, (fmt, swizzled) in enumerate((("fp8_block", False), ("mxfp8", True), ("nvfp4", False), ("nvfp4", True))):
         a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=num_experts, hidden_size=hidden,
                           dispatch_format=fmt, swizzled_scales=swizzled)
@@ -115,10 +114,11 @@ def check_quantized(group, comm):
         torch.cuda.synchronize()
         fa.check_error(a2a.workspace, rank)
         assert torch.equal(counts.cpu(), want.recv_counts[rank])
-        cols = -(-hidden // (128 if fmt == "fp8_block" else 32 if fmt == "mxfp8" else 16))
+        cols = wire_format(fmt).scale_cols(hidden)
         for src in range(n):
             m = int(want.recv_counts[rank][src])
-            want_values, want_scales = quantizers[fmt](want.recv_payloads[rank][0][src, :m])
+            want_values, want_scales = q.quantize(want.recv_payloads[rank][0][src, :m], fmt,
+                                                  448.0 * 6.0 / 8.0 if fmt == "nvfp4" else None)
             assert torch.equal(values[src, :m].cpu().view(torch.uint8), want_values.view(torch.uint8)), fmt
             got_scales = (q.unswizzle_scales_128x4(scales[src].cpu(), 256, -(-cols // 4) * 4)[:m, :cols]
                           if swizzled else scales[src, :m].cpu())
