@@ -29,6 +29,7 @@ namespace {
   X(peer_runtime_max_offset, offsetof(RankMetadata, peer_runtime_max))                     \
   X(combine_signal_offset, offsetof(RankMetadata, combine_signal))                         \
   X(metadata_bytes, sizeof(RankMetadata))                                                  \
+  X(push_flags_offset, (layout).push_flags_offset)                                         \
   X(routing_offset, (layout).routing_offset)                                               \
   X(dispatch_offset, (layout).dispatch_offset)                                             \
   X(combine_offset, (layout).combine_offset)                                               \
@@ -74,18 +75,18 @@ void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int6
   A2A_METAINFO_FIELDS(A2A_SET_VALUE, layout)
 #undef A2A_SET_VALUE
 
-  // Only this rank's metadata: peers' workspaces are theirs to clear, and their signals may already be in flight
-  // towards ours once every rank has passed the barrier that follows initialization.
+  // Only this rank's metadata and push flags: peers' workspaces are theirs to clear, and their signals may already
+  // be in flight towards ours once every rank has passed the barrier that follows initialization.
   uint8_t* metadata = static_cast<uint8_t*>(BytePtr(workspace)) + ep_rank * workspace.stride(0);
   if (workspace.device().device_type == kDLCPU) {
-    std::memset(metadata, 0, sizeof(RankMetadata));
+    std::memset(metadata, 0, layout.routing_offset);
     return;
   }
   TVM_FFI_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA (or CPU) tensor";
   DeviceGuard guard(workspace.device().device_id);
   cudaStream_t stream = CurrentStream(workspace);
   PreloadKernels();
-  A2A_CUDA_CHECK(cudaMemsetAsync(metadata, 0, sizeof(RankMetadata), stream));
+  A2A_CUDA_CHECK(cudaMemsetAsync(metadata, 0, layout.routing_offset, stream));
 }
 
 }  // namespace flashinfer_a2a

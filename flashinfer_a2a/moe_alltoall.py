@@ -9,7 +9,7 @@ import torch
 from . import functional as F
 from .comm import as_communicator
 from .symm_mem import SymmetricWorkspace
-from .wire_formats import wire_format
+from .wire_formats import fp8_combine_bytes_per_token, wire_format
 
 
 class MoeAlltoAll:
@@ -33,6 +33,10 @@ class MoeAlltoAll:
             or quantized by :meth:`dispatch` (``quant_format``): dispatch rows are sized for its values and scales
             instead of ``dtype``; combine rows stay ``hidden_size`` x ``dtype``.
         swizzled_scales: size for scales received in the 128x4-tile layout (its padding to 128 rows).
+        combine_format: ``"fp8_block"`` sizes the combine region for the pushed FP8-wire combine (see
+            :func:`flashinfer_a2a.wire_formats.fp8_combine_bytes_per_token`): with every rank on a GPU of its own,
+            ``combine(quant_format="fp8_block")`` then lands the FP8 rows in their owners' workspaces while the
+            owners sum the rows already there, instead of quantizing first and pulling after.
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of the three above.
         device: this rank's GPU (default: the current device).
     """
@@ -49,6 +53,7 @@ class MoeAlltoAll:
         extra_dispatch_bytes_per_token: Optional[int] = None,
         dispatch_format: Optional[str] = None,
         swizzled_scales: bool = False,
+        combine_format: Optional[str] = None,
         dispatch_bytes_per_token: Optional[int] = None,
         combine_bytes_per_token: Optional[int] = None,
         device: Optional[int] = None,
@@ -67,8 +72,11 @@ class MoeAlltoAll:
             hidden_bytes = (hidden_size * dtype.itemsize if fmt is None
                             else fmt.dispatch_bytes_per_token(hidden_size, max_num_tokens, swizzled_scales))
             dispatch_bytes_per_token = hidden_bytes + extra
+        if combine_format not in (None, "fp8_block"):
+            raise ValueError(f"combine_format must be None or 'fp8_block', got {combine_format!r}")
         if combine_bytes_per_token is None:
-            combine_bytes_per_token = hidden_size * dtype.itemsize
+            combine_bytes_per_token = (hidden_size * dtype.itemsize if combine_format is None
+                                       else fp8_combine_bytes_per_token(hidden_size, dtype))
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
         self.config = F.WorkspaceConfig(self.comm.size, max_num_tokens, dispatch_bytes_per_token,
                                         combine_bytes_per_token, top_k=top_k)
@@ -164,7 +172,9 @@ class MoeAlltoAll:
         at = {name: int(self.metainfo[i]) for name, i in index.items()}
         mib = 1 << 20
         parts = [
-            ("metadata (epochs, signals, error record)", at["routing_offset"]),
+            ("metadata (epochs, signals, error record)", at["push_flags_offset"]),
+            (f"push flags [{self.ep_size}, {self.config.max_num_tokens}] uint32",
+             at["routing_offset"] - at["push_flags_offset"]),
             (f"routing record [{self.config.max_num_tokens}, {self.config.top_k}] int32",
              at["dispatch_offset"] - at["routing_offset"]),
             (f"dispatch region {self.ep_size} x {self.config.max_num_tokens} x "

@@ -31,6 +31,7 @@ METAINFO_NAMES = (
     "peer_runtime_max_offset",
     "combine_signal_offset",
     "metadata_bytes",
+    "push_flags_offset",
     "routing_offset",
     "dispatch_offset",
     "combine_offset",

@@ -50,6 +50,14 @@ class WireFormat:
         return self.value_bytes(hidden) + -(-self.swizzled_scale_bytes(max_num_tokens, hidden) // max_num_tokens)
 
 
+def fp8_combine_bytes_per_token(hidden: int, dtype: torch.dtype) -> int:
+    """Combine bytes per token of a workspace whose FP8-wire combine is pushed (every rank on a GPU of its own):
+    the ``hidden x dtype`` partial, plus the landing row where the token's owner receives the partial as FP8 values
+    and fp32 scales per 128 (padded to 16 bytes). A workspace with less room pulls the FP8 rows instead."""
+    fp8 = WIRE_FORMATS["fp8_block"].row_bytes(hidden)
+    return hidden * dtype.itemsize + -(-fp8 // 16) * 16
+
+
 WIRE_FORMATS = {
     # E4M3 values, one fp32 scale per 128 (DeepSeek style)
     "fp8_block": WireFormat("fp8_block", 1, 1, 128, 4, torch.float8_e4m3fn, torch.float32),

@@ -26,6 +26,8 @@ class _OneRank:
         (dict(max_num_tokens=8, top_k=2, num_experts=4, dispatch_bytes_per_token=64), "hidden_size"),
         (dict(max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, dispatch_format="fp4"),
          "dispatch_format must be one of fp8_block, mxfp8, nvfp4, got 'fp4'"),
+        (dict(max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, combine_format="mxfp8"),
+         "combine_format must be None or 'fp8_block', got 'mxfp8'"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, message):

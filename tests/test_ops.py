@@ -26,11 +26,12 @@ def _expected(ep_size, max_tokens, top_k, dispatch_bytes, combine_bytes):
     for name, size in _META_BLOCKS:
         offsets[name] = at
         at += _align(size)
-    routing = at
+    push_flags = at
+    routing = _align(push_flags + ep_size * max_tokens * 4)
     dispatch = _align(routing + max_tokens * top_k * 4)
     combine = _align(dispatch + ep_size * max_tokens * dispatch_bytes + 8 * 128)
     total = _align(combine + ep_size * max_tokens * combine_bytes)
-    return offsets, {"metadata_bytes": at, "routing_offset": routing, "dispatch_offset": dispatch,
+    return offsets, {"metadata_bytes": at, "push_flags_offset": push_flags, "routing_offset": routing, "dispatch_offset": dispatch,
                      "combine_offset": combine, "bytes_per_rank": total}
 
 
@@ -57,9 +58,9 @@ def test_workspace_size_and_metainfo(sizes):
     assert got["dispatch_signal_offset"] == offsets["dispatch_signal"]
     assert got["peer_runtime_max_offset"] == offsets["peer_runtime_max"]
     assert got["combine_signal_offset"] == offsets["combine_signal"]
-    # initialize cleared exactly this rank's metadata
-    assert torch.all(workspace[ep_size - 1, : regions["metadata_bytes"]] == 0)
-    assert torch.all(workspace[ep_size - 1, regions["metadata_bytes"] :] == 0x5A)
+    # initialize cleared exactly this rank's metadata and push flags
+    assert torch.all(workspace[ep_size - 1, : regions["routing_offset"]] == 0)
+    assert torch.all(workspace[ep_size - 1, regions["routing_offset"] :] == 0x5A)
     assert torch.all(workspace[: ep_size - 1] == 0x5A)
 
 

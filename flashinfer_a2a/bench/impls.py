@@ -134,6 +134,7 @@ class A2A:
                                    num_experts=args.shape.num_experts, hidden_size=args.shape.hidden, dtype=dtype,
                                    extra_dispatch_bytes_per_token=routing_payload_bytes(args),
                                    dispatch_format=variant.fmt,
+                                   combine_format="fp8_block" if variant.kind == "fused" else None,
                                    device=session.device.index)
             self.sim = None
 

@@ -2,16 +2,19 @@
 //
 // Each rank owns one workspace of `bytes_per_rank` bytes, mapped into every peer's address space:
 //
-//   [ RankMetadata | routing record | dispatch receive region | combine region ]
+//   [ RankMetadata | push flags | routing record | dispatch receive region | combine region ]
 //
 // - RankMetadata: epochs, the grid-completion counter, the error record (written by this rank), and the signal
 //   slots peers store into (indexed by the writer's rank).
+// - push flags: [ep_size, max_num_tokens] uint32, the epoch of the last pushed combine in which that rank landed
+//   its row for local token slot s here (see combine.cuh). Cleared with the metadata at initialization.
 // - routing record: [max_num_tokens, top_k] int32, written by this rank's dispatch and read by its combine. Entry
 //   (t, k) packs (rank << kRouteSlotBits) | slot for the k-th distinct target rank of local token t in increasing
 //   rank order; -1 ends the list.
 // - dispatch receive region: payload p of the current dispatch is received into [ep_size, runtime_max, row_bytes_p]
 //   (source rank major), each payload starting on a 128-byte boundary.
-// - combine region: [ep_size, runtime_max, combine_row_bytes], the expert outputs peers pull during combine.
+// - combine region: [ep_size, runtime_max, combine_row_bytes], the expert outputs peers pull during combine; a
+//   pushed FP8-wire combine lands the peers' FP8 rows right after them, [ep_size, runtime_max, fp8 row bytes].
 //
 // Plain C++ (no CUDA runtime calls): the host entry points and the kernels include it alike.
 #pragma once
@@ -52,6 +55,7 @@ struct alignas(kAlignBytes) RankMetadata {
   uint32_t combine_epoch;                        // combines completed since initialize
   uint32_t blocks_done;                          // completion counter of the running kernel; 0 between launches
   uint32_t combine_published;                    // epoch the one-kernel combine has published (claimed by one block)
+  uint32_t combine_claim;                        // work items claimed by the running pushed combine; 0 between
   alignas(kAlignBytes) ErrorRecord error;
   alignas(kAlignBytes) int32_t send_counts[kMaxRanks];  // tokens sent to each rank by the running dispatch
   // Written by peers, indexed by the writing rank.
@@ -73,6 +77,7 @@ struct WorkspaceConfig {
 
 struct WorkspaceLayout {
   int64_t metadata_offset;
+  int64_t push_flags_offset;
   int64_t routing_offset;
   int64_t dispatch_offset;
   int64_t combine_offset;
@@ -82,7 +87,9 @@ struct WorkspaceLayout {
 inline WorkspaceLayout ComputeLayout(const WorkspaceConfig& c) {
   WorkspaceLayout l{};
   l.metadata_offset = 0;
-  l.routing_offset = AlignUp(static_cast<int64_t>(sizeof(RankMetadata)), kAlignBytes);
+  l.push_flags_offset = AlignUp(static_cast<int64_t>(sizeof(RankMetadata)), kAlignBytes);
+  const int64_t push_flag_bytes = c.ep_size * c.max_num_tokens * static_cast<int64_t>(sizeof(uint32_t));
+  l.routing_offset = AlignUp(l.push_flags_offset + push_flag_bytes, kAlignBytes);
   const int64_t routing_bytes = c.max_num_tokens * c.top_k * static_cast<int64_t>(sizeof(int32_t));
   l.dispatch_offset = AlignUp(l.routing_offset + routing_bytes, kAlignBytes);
   // Each payload starts on a 128-byte boundary: at most kAlignBytes of padding after each of kMaxPayloads.
@@ -130,6 +137,10 @@ constexpr QuantWire WireOf(QuantFormat f) {
          : f == QuantFormat::kMxfp8  ? QuantWire{32, 1, 1}
                                      : QuantWire{16, 1, 2};
 }
+
+// One partial row over the FP8 wire of combine: hidden E4M3 bytes, then an fp32 scale per 128 elements, padded to
+// 16 bytes (the stride of a pushed combine's landing rows).
+constexpr int64_t Fp8WireRowBytes(int64_t hidden) { return AlignUp(hidden + 4 * ((hidden + 127) / 128), 16); }
 
 // Byte offset of scale (row, col) within a source block in the 128x4-tile layout (tiles_per_row = cols / 4,
 // rounded up): tile (row / 128, col / 4) is 512 contiguous bytes, holding (row, col) at (row % 32) * 16 +

@@ -15,11 +15,13 @@ def test_initialize_clears_only_this_ranks_metadata():
     metainfo = fa.initialize(ws, 2, config)
     torch.cuda.synchronize()
     meta_bytes = metadata_offsets()["metadata_bytes"]
-    host = ws.cpu()
-    assert torch.all(host[2, :meta_bytes] == 0)
-    assert torch.all(host[2, meta_bytes:] == 0xA5)
-    assert torch.all(host[[0, 1, 3]] == 0xA5)
     index = fa.get_metainfo_index_pairs()
+    cleared = int(metainfo[index["routing_offset"]])  # the metadata and the push flags
+    assert cleared > meta_bytes
+    host = ws.cpu()
+    assert torch.all(host[2, :cleared] == 0)
+    assert torch.all(host[2, cleared:] == 0xA5)
+    assert torch.all(host[[0, 1, 3]] == 0xA5)
     assert int(metainfo[index["bytes_per_rank"]]) == config.bytes_per_rank
     assert int(metainfo[index["metadata_bytes"]]) == meta_bytes
     cpu_ws = empty_workspace(4, config.bytes_per_rank, "cpu")

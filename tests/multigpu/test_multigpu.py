@@ -16,13 +16,13 @@ pytestmark = pytest.mark.skipif(NUM_GPUS < 2, reason="needs 2 or more GPUs")
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _env():
-    env = dict(os.environ, **SAFE_ENV)
+def _env(extra=None):
+    env = dict(os.environ, **SAFE_ENV, **(extra or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
-def _launch(launcher: str, nproc: int, checks: list[str], timeout: int = 600) -> str:
+def _launch(launcher: str, nproc: int, checks: list[str], timeout: int = 600, extra_env=None) -> str:
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                str(29500 + os.getpid() % 1000), "-m", "tests.multigpu.worker", *checks]
@@ -31,16 +31,16 @@ def _launch(launcher: str, nproc: int, checks: list[str], timeout: int = 600) ->
         if mpirun is None:
             pytest.skip("mpirun not found")
         cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(nproc)]
-        for name in (*SAFE_ENV, "PYTHONPATH"):
+        for name in (*SAFE_ENV, *(extra_env or {}), "PYTHONPATH"):
             cmd += ["-x", name]  # Open MPI forwards only the variables named
         cmd += [sys.executable, "-m", "tests.multigpu.worker", *checks]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(extra_env), capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     return out
 
 
-CHECKS = ["correctness", "quantized", "graph", "compile", "interleaved", "lifecycle", "misuse", "missing_rank"]
+CHECKS = ["correctness", "quantized", "fp8_push", "graph", "compile", "interleaved", "lifecycle", "misuse", "missing_rank"]
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
