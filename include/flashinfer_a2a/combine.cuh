@@ -565,8 +565,11 @@ struct PullPreloader {
 // ranks share a GPU, so a zero-copy combine may run as one kernel whose blocks all wait for the peers.
 inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
                                  bool one_gpu_per_rank, cudaStream_t stream) {
-  if (p.push) {
-    const int blocks = num_sms * 2;
+  if (p.push) {  // a block per work item at most: row groups of every peer's slots, then token groups
+    const int64_t groups =
+        static_cast<int64_t>(p.ranks.ep_size - 1) * ((p.runtime_max + kCombineWarps - 1) / kCombineWarps) +
+        (p.num_tokens + kCombineWarps - 1) / kCombineWarps;
+    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_sms * 2, groups)));
     if (p.fp16) {
       CombinePushFp8Kernel<__half><<<blocks, kCombineThreads, 0, stream>>>(p);
     } else {
