@@ -156,8 +156,9 @@ def check_quantized(group, comm):
 
 def check_fp8_push(group, comm):
     """The pushed FP8-wire combine over several calls on one workspace (fp16 and bf16, partials and zero copy, a rank
-    with no tokens): each output bitwise equal to the reference, and every landed row equal to the reference FP8
-    wire of the peer's partial (the landing blocks are poisoned first, so a pull would leave them so)."""
+    with no tokens), then under CUDA-graph replay: each output bitwise equal to the reference, and every landed row
+    equal to the reference FP8 wire of the peer's partial (the landing blocks are poisoned first, so a pull would
+    leave them so)."""
     from flashinfer_a2a.reference import quant as q
     from flashinfer_a2a.wire_formats import fp8_combine_bytes_per_token
 
@@ -193,7 +194,44 @@ def check_fp8_push(group, comm):
                 assert torch.equal(rows[src, :m, :hidden], values.view(torch.uint8)), f"landed values from {src}"
                 got_scales = rows[src, :m, hidden:hidden + scales.shape[1] * 4].contiguous().view(torch.float32)
                 assert torch.equal(got_scales, scales), f"landed scales from {src}"
+        _replay_fp8_push(a2a, comm, top_k, hidden, num_experts, dtype, seed + 99)
         a2a.destroy()
+
+
+def _replay_fp8_push(a2a, comm, top_k, hidden, num_experts, dtype, seed):
+    """A dispatch + pushed FP8 combine captured in a CUDA graph, replayed on fresh inputs: the epochs, the claim
+    counter and the push flags advance on the device, so every replay must match the reference."""
+    from flashinfer_a2a.reference import quant as q
+
+    rank, n, tokens = comm.rank, comm.size, a2a.config.max_num_tokens
+    static_ids = torch.zeros(tokens, top_k, dtype=torch.int64, device="cuda")
+    static_x = torch.zeros(tokens, hidden, dtype=dtype, device="cuda")
+    static_partials = torch.zeros(n, tokens, hidden, dtype=dtype, device="cuda")
+
+    def layer():
+        a2a.dispatch(static_ids, [static_x], tokens)
+        return a2a.combine(static_partials, quant_format="fp8_block")
+
+    layer()
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.graph(graph, stream=stream):
+        static_out = layer()
+    for j in range(3):
+        ids, xs, _ = make_inputs(n, [tokens] * n, top_k, hidden, num_experts, seed + j)
+        xs = [x.to(dtype) for x in xs]
+        want = ref.reference_dispatch(ids, [[x] for x in xs], num_experts, tokens)
+        gen = torch.Generator().manual_seed(seed + 50 + j)
+        partials = [torch.randn(n, tokens, hidden, generator=gen).to(dtype) for _ in range(n)]
+        static_ids.copy_(ids[rank])
+        static_x.copy_(xs[rank])
+        static_partials.copy_(partials[rank])
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        fa.check_error(a2a.workspace, rank)
+        expected = q.reference_combine_fp8(partials, want)[rank]
+        assert ref.bitwise_equal(static_out.cpu(), expected), f"replayed pushed FP8 combine differs ({dtype}, {j})"
 
 
 def _layer(a2a, ids, x):
