@@ -313,12 +313,16 @@ def combine(
         out: optional ``[num_tokens, hidden]`` output of the partials' dtype.
         hidden, dtype: the combine row shape when neither ``partials`` nor ``out`` gives it.
         one_gpu_per_rank: promise that no two ranks share a GPU (true across processes, false for simulated ranks):
-            a small zero-copy combine then runs as one kernel whose blocks all wait for the peers, a launch fewer.
-            With ranks sharing a GPU such a kernel could hold every multiprocessor while a peer on the same GPU
-            still needs one, so the default is the two-kernel combine.
+            a small zero-copy combine then runs as one kernel whose blocks all wait for the peers, a launch fewer;
+            and, where ``config.combine_bytes_per_token`` leaves room for a landing row per token after the
+            partials (:func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`), the combine is pushed:
+            each rank stores its partials into their owners' workspaces and the owners sum them as they land. With
+            ranks sharing a GPU such kernels could hold every multiprocessor while a peer on the same GPU still
+            needs one, so the default is the two-kernel pulled combine.
         quant_format: ``"fp8_block"``: the partials for other ranks cross NVLink as FP8 E4M3 with an fp32 scale per
             128 elements (quantized on the rank that computed them, over the front of their rows in the combine
-            region; dequantized and summed in fp32 by the token's owner; a rank's own partials stay exact). About
+            region, or on the way when pushed; dequantized and summed in fp32 by the token's owner; a rank's own
+            partials stay exact). About
             half the bytes; the error is documented in ``docs/quantized_formats.md`` and equals
             :func:`flashinfer_a2a.reference.quant.reference_combine_fp8` bit for bit. bf16|fp16, ``hidden % 8 == 0``.
 

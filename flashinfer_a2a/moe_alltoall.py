@@ -9,7 +9,7 @@ import torch
 from . import functional as F
 from .comm import as_communicator
 from .symm_mem import SymmetricWorkspace
-from .wire_formats import fp8_combine_bytes_per_token, wire_format
+from .wire_formats import push_combine_bytes_per_token, wire_format
 
 
 class MoeAlltoAll:
@@ -34,10 +34,14 @@ class MoeAlltoAll:
             instead of ``dtype``; combine rows stay ``hidden_size`` x ``dtype``.
         swizzled_scales: size for scales received in the 128x4-tile layout (its padding to 128 rows).
         combine_format: ``"fp8_block"`` sizes the combine region for the pushed FP8-wire combine (see
-            :func:`flashinfer_a2a.wire_formats.fp8_combine_bytes_per_token`): with every rank on a GPU of its own,
+            :func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`): with every rank on a GPU of its own,
             ``combine(quant_format="fp8_block")`` then lands the FP8 rows in their owners' workspaces while the
             owners sum the rows already there, instead of quantizing first and pulling after.
-        dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of the three above.
+        push_combine: size the combine region for the pushed combine of plain ``dtype`` partials too (twice the
+            combine bytes per token): with every rank on a GPU of its own, :meth:`combine` then stores each partial
+            into its owner's workspace and the owner sums the rows as they land (stores cross NVLink faster than
+            loads), instead of every owner pulling the partials after all ranks published them.
+        dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive.
         device: this rank's GPU (default: the current device).
     """
 
@@ -54,6 +58,7 @@ class MoeAlltoAll:
         dispatch_format: Optional[str] = None,
         swizzled_scales: bool = False,
         combine_format: Optional[str] = None,
+        push_combine: bool = False,
         dispatch_bytes_per_token: Optional[int] = None,
         combine_bytes_per_token: Optional[int] = None,
         device: Optional[int] = None,
@@ -75,8 +80,11 @@ class MoeAlltoAll:
         if combine_format not in (None, "fp8_block"):
             raise ValueError(f"combine_format must be None or 'fp8_block', got {combine_format!r}")
         if combine_bytes_per_token is None:
-            combine_bytes_per_token = (hidden_size * dtype.itemsize if combine_format is None
-                                       else fp8_combine_bytes_per_token(hidden_size, dtype))
+            if push_combine or combine_format is not None:
+                combine_bytes_per_token = push_combine_bytes_per_token(hidden_size, dtype,
+                                                                       None if push_combine else combine_format)
+            else:
+                combine_bytes_per_token = hidden_size * dtype.itemsize
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
         self.config = F.WorkspaceConfig(self.comm.size, max_num_tokens, dispatch_bytes_per_token,
                                         combine_bytes_per_token, top_k=top_k)

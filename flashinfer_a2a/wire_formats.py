@@ -5,6 +5,7 @@ states (values and scales as two payloads). The formats are defined in :mod:`fla
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -50,12 +51,16 @@ class WireFormat:
         return self.value_bytes(hidden) + -(-self.swizzled_scale_bytes(max_num_tokens, hidden) // max_num_tokens)
 
 
-def fp8_combine_bytes_per_token(hidden: int, dtype: torch.dtype) -> int:
-    """Combine bytes per token of a workspace whose FP8-wire combine is pushed (every rank on a GPU of its own):
-    the ``hidden x dtype`` partial, plus the landing row where the token's owner receives the partial as FP8 values
-    and fp32 scales per 128 (padded to 16 bytes). A workspace with less room pulls the FP8 rows instead."""
-    fp8 = WIRE_FORMATS["fp8_block"].row_bytes(hidden)
-    return hidden * dtype.itemsize + -(-fp8 // 16) * 16
+def push_combine_bytes_per_token(hidden: int, dtype: torch.dtype, combine_format: Optional[str] = None) -> int:
+    """Combine bytes per token of a workspace whose combine is pushed (every rank on a GPU of its own): the
+    ``hidden x dtype`` partial, plus the landing row where the token's owner receives it — the partial again, or
+    (``combine_format="fp8_block"``) its FP8 values and fp32 scales per 128, padded to 16 bytes. A workspace with
+    less room pulls instead. Room for the plain landing row also fits the FP8 one, so both wires are then pushed."""
+    if combine_format not in (None, "fp8_block"):
+        raise ValueError(f"combine_format must be None or 'fp8_block', got {combine_format!r}")
+    if combine_format is None:
+        return 2 * hidden * dtype.itemsize
+    return hidden * dtype.itemsize + -(-WIRE_FORMATS["fp8_block"].row_bytes(hidden) // 16) * 16
 
 
 WIRE_FORMATS = {

@@ -81,8 +81,10 @@ def test_quant_formats_and_their_row_bytes():
     assert bench_args.parse_args(["--quant", "none"]).quant_formats == ()
     assert bench_args.parse_args(["--quant", "nvfp4,fp8_block"]).quant_formats == ("nvfp4", "fp8_block")
     names = [v.name for v in variants(a, torch.bfloat16)]
-    assert names == ["a2a", "fp8-fused", "fp8-pre", "mxfp8-fused", "mxfp8-pre", "nvfp4-fused", "nvfp4-pre"]
-    assert [v.name for v in variants(a, torch.float32)] == ["a2a"]  # quantization takes bf16|fp16
+    assert names == ["a2a", "a2a-pull", "fp8-fused", "fp8-pre", "mxfp8-fused", "mxfp8-pre", "nvfp4-fused",
+                     "nvfp4-pre"]
+    assert [v.name for v in variants(a, torch.float32)] == ["a2a", "a2a-pull"]  # quantization takes bf16|fp16
+    assert [v.name for v in variants(a, torch.float32, simulated=True)] == ["a2a"]  # simulated ranks always pull
     ids_weights = 8 * (4 + 4)
     # FP8: 7168 values + 56 fp32 scales; MXFP8: 7168 + 224 UE8M0; NVFP4: 3584 packed + 448 UE4M3.
     assert dispatch_row_bytes(a, torch.bfloat16, Variant("pre", "fp8_block")) == 7168 + 56 * 4 + ids_weights
@@ -90,6 +92,7 @@ def test_quant_formats_and_their_row_bytes():
     assert dispatch_row_bytes(a, torch.bfloat16, Variant("fused", "nvfp4")) == 3584 + 448 + ids_weights
     assert combine_row_bytes(a, torch.bfloat16, Variant("fused", "nvfp4")) == 7168 + 56 * 4  # the FP8 wire
     assert combine_row_bytes(a, torch.bfloat16, Variant("pre", "nvfp4")) == 7168 * 2
+    assert combine_row_bytes(a, torch.bfloat16, Variant("pull")) == 7168 * 2
 
 
 def test_summarize_by_hand():

@@ -38,3 +38,28 @@ def test_bad_arguments_name_the_argument(kwargs, message):
 def test_group_must_be_a_communicator():
     with pytest.raises(TypeError, match="group"):
         MoeAlltoAll(object(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64)
+
+
+@pytest.mark.parametrize(
+    "kwargs, combine_bytes",
+    [
+        (dict(), 64 * 2),
+        (dict(push_combine=True), 2 * 64 * 2),  # the partial and its landing row
+        (dict(combine_format="fp8_block"), 64 * 2 + 80),  # FP8 landing row: 64 values + 1 fp32 scale -> 80
+        (dict(combine_format="fp8_block", push_combine=True), 2 * 64 * 2),  # room for both wires
+        (dict(push_combine=True, combine_bytes_per_token=100), 100),  # explicit sizes win
+    ],
+)
+def test_combine_row_sizing(monkeypatch, kwargs, combine_bytes):
+    from flashinfer_a2a import moe_alltoall
+
+    class Sized(Exception):
+        pass
+
+    def config(ep_size, max_num_tokens, dispatch_bytes_per_token, combine_bytes_per_token, top_k):
+        raise Sized(combine_bytes_per_token)
+
+    monkeypatch.setattr(moe_alltoall.F, "WorkspaceConfig", config)
+    with pytest.raises(Sized) as sized:
+        MoeAlltoAll(_OneRank(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, **kwargs)
+    assert sized.value.args == (combine_bytes,)

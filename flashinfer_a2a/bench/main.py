@@ -132,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for dtype_name in args.dtypes:
             ours: list[A2A] = []
             try:
-                for variant in variants(args, DTYPES[dtype_name]):
+                for variant in variants(args, DTYPES[dtype_name], session.simulated):
                     ours.append(A2A(args, session, DTYPES[dtype_name], variant))
                 for tokens in args.tokens:
                     for routing in args.routings:

@@ -9,8 +9,9 @@
 //  2. CombinePullKernel: one warp per (token, 32-vector piece of hidden); loads every source first, then adds.
 // Over the FP8 wire (bf16|fp16; combine_fp8.cuh), the publish kernel quantizes the rows for other ranks into FP8
 // values and fp32 block scales over the front of their rows, and CombinePullFp8Kernel dequantizes them while
-// summing. When every rank has a GPU of its own and the combine region has room for landing rows,
-// CombinePushFp8Kernel instead pushes the quantized rows into their owners' workspaces and sums them as they land.
+// summing. When every rank has a GPU of its own and the combine region has room for landing rows after the
+// partials, CombinePushKernel (combine_push.cuh) instead pushes the rows, as they are or quantized, into their
+// owners' workspaces and sums them as they land.
 // When every rank has a GPU of its own, the partials are already in place (zero copy) and the pull is small,
 // CombineFusedKernel does both in one launch: one block publishes, every block waits for the peers, then pulls.
 // Spinning blocks can then only delay this GPU's own work, which needs nothing from them.
@@ -23,7 +24,7 @@
 
 #include "combine_common.cuh"
 #include "combine_fp8.cuh"
-#include "float_convert.cuh"
+#include "combine_push.cuh"
 
 namespace flashinfer_a2a {
 
@@ -75,60 +76,6 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
   if (threadIdx.x == 0) {
     meta->blocks_done = 0;
     meta->combine_epoch = epoch;
-  }
-}
-
-constexpr int kCombineLoadBatch = 8;  // partials loaded before the first add: up to 8 NVLink reads in flight
-
-// The pull of every (token, piece) item with index = first_item (mod item_stride), by warps.
-template <typename T, int kVec>
-__device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, int64_t first_item,
-                                          int64_t item_stride) {
-  using Vec = typename VecOf<kVec>::Type;
-  constexpr int kElems = kVec / sizeof(T);
-  const int lane = threadIdx.x % 32;
-  const int64_t piece_bytes = 32 * kVec;
-  const int pieces = static_cast<int>((p.row_bytes + piece_bytes - 1) / piece_bytes);
-  const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
-  const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
-
-  for (int64_t item = first_item; item < items; item += item_stride) {
-    const int64_t t = item / pieces;
-    const int64_t off = (item % pieces) * piece_bytes + lane * kVec;
-    const auto [entry, num_sources] = LoadTokenSources(p, failed, t, lane);
-    const bool active = off < p.row_bytes;  // the row's last piece may not need every lane
-
-    float acc[kElems];
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) acc[e] = 0.0f;
-    for (int j0 = 0; j0 < num_sources; j0 += kCombineLoadBatch) {
-      Vec loaded[kCombineLoadBatch];
-#pragma unroll
-      for (int j = 0; j < kCombineLoadBatch; ++j) {
-        const int32_t e = __shfl_sync(0xffffffffu, entry, (j0 + j) & 31);
-        if (active && j0 + j < num_sources) {
-          const int rank = RouteRank(e);
-          const int64_t slot = RouteSlot(e);
-          const uint8_t* src =
-              p.ranks.Base(rank) + p.combine_offset + (src_block + slot) * p.row_bytes + off;
-          loaded[j] = *reinterpret_cast<const Vec*>(src);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kCombineLoadBatch; ++j) {
-        if (active && j0 + j < num_sources) {
-          const T* v = reinterpret_cast<const T*>(&loaded[j]);
-#pragma unroll
-          for (int e = 0; e < kElems; ++e) acc[e] += FloatConvert<T>::ToFloat(v[e]);
-        }
-      }
-    }
-    if (!active) continue;
-    Vec out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) o[e] = FloatConvert<T>::FromFloat(acc[e]);
-    *reinterpret_cast<Vec*>(static_cast<uint8_t*>(p.output) + t * p.row_bytes + off) = out;
   }
 }
 
@@ -198,6 +145,36 @@ inline cudaError_t DispatchPullKernel(FloatType type, int vec_bytes, Fn&& fn) {
   }
 }
 
+// A block per work item at most: one per peer row (over the pushers of a block), one per token's reduce chunks.
+inline int PushBlocks(const CombineParams& p, int num_sms, int reduce_chunks) {
+  const int64_t rows = static_cast<int64_t>(p.ranks.ep_size - 1) * p.runtime_max;
+  const int64_t reduces = static_cast<int64_t>(p.num_tokens) * reduce_chunks;
+  const int64_t blocks = std::max((rows + kPushWarps - 1) / kPushWarps,
+                                  (reduces + kCombineWarps - kPushWarps - 1) / (kCombineWarps - kPushWarps));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_sms * 2, blocks)));
+}
+
+struct PushLauncher {
+  const CombineParams& p;
+  int num_sms;
+  cudaStream_t stream;
+  template <typename T, int kVec>
+  cudaError_t operator()() const {
+    const int64_t chunk = static_cast<int64_t>(PlainWire<T, kVec>::kChunkPieces) * PlainWire<T, kVec>::kPieceBytes;
+    const int blocks = PushBlocks(p, num_sms, static_cast<int>((p.row_bytes + chunk - 1) / chunk));
+    CombinePushKernel<PlainWire<T, kVec>><<<blocks, kCombineThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+};
+
+template <typename T>
+cudaError_t LaunchPushFp8(const CombineParams& p, int num_sms, cudaStream_t stream) {
+  constexpr int64_t chunk = Fp8Wire<T>::kChunkPieces * kFp8PieceElems;
+  const int blocks = PushBlocks(p, num_sms, static_cast<int>((p.hidden + chunk - 1) / chunk));
+  CombinePushKernel<Fp8Wire<T>><<<blocks, kCombineThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 struct PullLauncher {
   const CombineParams& p;
   int blocks;
@@ -219,7 +196,8 @@ struct PullPreloader {
   cudaError_t operator()() const {
     cudaFuncAttributes attr;
     cudaError_t err = cudaFuncGetAttributes(&attr, CombinePullKernel<T, kVec>);
-    return err == cudaSuccess ? cudaFuncGetAttributes(&attr, CombineFusedKernel<T, kVec>) : err;
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombineFusedKernel<T, kVec>);
+    return err == cudaSuccess ? cudaFuncGetAttributes(&attr, CombinePushKernel<PlainWire<T, kVec>>) : err;
   }
 };
 
@@ -227,18 +205,10 @@ struct PullPreloader {
 // ranks share a GPU, so a zero-copy combine may run as one kernel whose blocks all wait for the peers.
 inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
                                  bool one_gpu_per_rank, cudaStream_t stream) {
-  if (p.push) {  // a block per work item at most: row groups of every peer's slots, then token groups
-    const int64_t groups =
-        static_cast<int64_t>(p.ranks.ep_size - 1) * ((p.runtime_max + kCombineWarps - 1) / kCombineWarps) +
-        (p.num_tokens + kCombineWarps - 1) / kCombineWarps;
-    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_sms * 2, groups)));
-    if (p.fp16) {
-      CombinePushFp8Kernel<__half><<<blocks, kCombineThreads, 0, stream>>>(p);
-    } else {
-      CombinePushFp8Kernel<__nv_bfloat16><<<blocks, kCombineThreads, 0, stream>>>(p);
-    }
-    return cudaGetLastError();
+  if (p.push && p.fp8_wire) {
+    return p.fp16 ? LaunchPushFp8<__half>(p, num_sms, stream) : LaunchPushFp8<__nv_bfloat16>(p, num_sms, stream);
   }
+  if (p.push) return DispatchPullKernel(type, pull_vec_bytes, PushLauncher{p, num_sms, stream});
   if (p.fp8_wire) pull_vec_bytes = kFp8PullElems * 2;  // bf16|fp16, 16 elements a lane
   const int64_t pieces = (p.row_bytes + 32 * pull_vec_bytes - 1) / (32 * pull_vec_bytes);
   const int64_t warps = static_cast<int64_t>(p.num_tokens) * pieces;
@@ -275,8 +245,8 @@ inline cudaError_t GetCombineKernelAttributes() {
   cudaError_t err = cudaFuncGetAttributes(&attr, CombinePublishKernel);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePullFp8Kernel<__half>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePullFp8Kernel<__nv_bfloat16>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePushFp8Kernel<__half>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePushFp8Kernel<__nv_bfloat16>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePushKernel<Fp8Wire<__half>>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePushKernel<Fp8Wire<__nv_bfloat16>>);
   for (FloatType type : {FloatType::kFloat32, FloatType::kBFloat16, FloatType::kFloat16}) {
     for (int vec : {16, 8, 4, 2}) {
       if (err == cudaSuccess) err = DispatchPullKernel(type, vec, PullPreloader{});

@@ -1,17 +1,19 @@
-// What the combine kernels share: their parameters, the routing preamble of a token's sum, and the epoch
-// handshake with the peers (see combine.cuh for the kernels).
+// What the combine kernels share: their parameters, the epoch handshake with the peers, the routing preamble of a
+// token's sum and the sum of plain (unquantized) rows (see combine.cuh for the kernels).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "float_convert.cuh"
 #include "protocol.cuh"
 
 namespace flashinfer_a2a {
 
 constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
+constexpr int kReduceChunkBytes = 4096;  // output bytes of one reduce item of the pushed combine
 
 struct CombineParams {
   Ranks ranks;
@@ -29,9 +31,10 @@ struct CombineParams {
   bool fp8_wire;  // partials for other ranks travel as FP8 with a scale per 128 elements (bf16|fp16 only)
   bool fp16;      // fp16 partials, else bf16 (fp8_wire only)
   int32_t hidden;
-  // Pushed FP8 wire (fp8_wire, one GPU per rank): each rank lands the rows it computed in their owners' workspaces.
+  // Pushed combine (one GPU per rank, see combine_push.cuh): each rank lands the rows it computed in their owners'
+  // workspaces, as they are or (fp8_wire) quantized.
   bool push;
-  int64_t landing_offset;     // [ep_size (source), runtime_max, Fp8WireRowBytes(hidden)] in every workspace
+  int64_t landing_offset;     // [ep_size (source), runtime_max, landing row] in every workspace (LandingRowBytes)
   int64_t push_flags_offset;  // [ep_size (source), max_num_tokens] uint32 in every workspace
   int32_t max_num_tokens;
 };
@@ -68,6 +71,73 @@ __device__ __forceinline__ TokenSources LoadTokenSources(const CombineParams& p,
   const int32_t* routing = reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
   const int32_t entry = (!failed && lane < p.route_stride) ? routing[t * p.route_stride + lane] : -1;
   return {entry, CountRoutes(entry, p.ranks.ep_size, p.runtime_max)};
+}
+
+constexpr int kCombineLoadBatch = 8;  // partials loaded before the first add: up to 8 NVLink reads in flight
+
+// One lane's kVec bytes at byte offset `off` of token t's sum over its `num_sources` routes (lane j of `entry`
+// holds the j-th), added in increasing rank order in fp32. This rank's own partial is read from the caller's
+// partials (or the combine region when zero copy); a remote one from that rank's combine region (pulled) or from
+// this rank's landing block for that rank (`landed`: pushed). Lanes past the row's end only take part in shuffles.
+template <typename T, int kVec>
+__device__ __forceinline__ void SumPlainElems(const CombineParams& p, int64_t t, int64_t off, int32_t entry,
+                                              int num_sources, bool landed) {
+  using Vec = typename VecOf<kVec>::Type;
+  constexpr int kElems = kVec / sizeof(T);
+  const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
+  const bool active = off < p.row_bytes;
+  float acc[kElems];
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) acc[e] = 0.0f;
+  for (int j0 = 0; j0 < num_sources; j0 += kCombineLoadBatch) {
+    Vec loaded[kCombineLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineLoadBatch; ++j) {
+      const int32_t e = __shfl_sync(0xffffffffu, entry, (j0 + j) & 31);
+      if (active && j0 + j < num_sources) {
+        const int rank = RouteRank(e);
+        const uint8_t* row;
+        if (rank == p.ranks.ep_rank) {
+          row = (p.input != nullptr ? p.input : p.ranks.Base(rank) + p.combine_offset) +
+                (src_block + RouteSlot(e)) * p.row_bytes;
+        } else if (landed) {
+          row = p.ranks.Base(p.ranks.ep_rank) + p.landing_offset +
+                (static_cast<int64_t>(rank) * p.runtime_max + RouteSlot(e)) * p.row_bytes;
+        } else {
+          row = p.ranks.Base(rank) + p.combine_offset + (src_block + RouteSlot(e)) * p.row_bytes;
+        }
+        loaded[j] = *reinterpret_cast<const Vec*>(row + off);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineLoadBatch; ++j) {
+      if (active && j0 + j < num_sources) {
+        const T* v = reinterpret_cast<const T*>(&loaded[j]);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) acc[e] += FloatConvert<T>::ToFloat(v[e]);
+      }
+    }
+  }
+  if (!active) return;
+  Vec out;
+  T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) o[e] = FloatConvert<T>::FromFloat(acc[e]);
+  *reinterpret_cast<Vec*>(static_cast<uint8_t*>(p.output) + t * p.row_bytes + off) = out;
+}
+
+// The pull of every (token, 32 * kVec bytes) item with index = first_item (mod item_stride), a warp per item.
+template <typename T, int kVec>
+__device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, int64_t first_item,
+                                          int64_t item_stride) {
+  const int lane = threadIdx.x % 32;
+  const int pieces = static_cast<int>((p.row_bytes + 32 * kVec - 1) / (32 * kVec));
+  const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
+  for (int64_t item = first_item; item < items; item += item_stride) {
+    const int64_t t = item / pieces;
+    const auto [entry, num_sources] = LoadTokenSources(p, failed, t, lane);
+    SumPlainElems<T, kVec>(p, t, (item % pieces) * 32 * kVec + lane * kVec, entry, num_sources, false);
+  }
 }
 
 }  // namespace flashinfer_a2a

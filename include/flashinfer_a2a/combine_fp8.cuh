@@ -1,5 +1,5 @@
-// The FP8 wire of combine (bf16|fp16 partials): the quantizing side, the dequantizing sums, and the pushed
-// one-kernel combine. Used by the launchers in combine.cuh.
+// The FP8 wire of combine (bf16|fp16 partials): the quantizing side, the dequantizing sums, and the wire of the
+// pushed combine (Fp8Wire, see combine_push.cuh). Used by the launchers in combine.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -192,101 +192,33 @@ __global__ void __launch_bounds__(kCombineThreads) CombinePullFp8Kernel(const __
                   static_cast<int64_t>(gridDim.x) * kCombineWarps);
 }
 
-// The pushed FP8 wire: one kernel whose blocks claim work from a counter in this rank's metadata, one row (or one
-// token) per warp. Push items come first, row groups of every owner taken in slot order: a warp quantizes the row
-// this rank computed into the owner's landing block for this rank, then releases the row's push flag there (the
-// epoch). Reduce items follow, local tokens in order: a warp waits for the flags of its token's remote rows, then
-// sums them (SumFp8Elems) while later rows are still being pushed. A warp waits only once every push item is
-// claimed, and claimed items always finish, so the peers' waits end without any assumption about scheduling. The
-// pushes wait for nothing: an owner's landing block is free once this rank has its dispatch signal, as the owner's
-// previous combine finished before that dispatch began. Each rank publishes its combine epoch on entry and the
-// last block waits for every peer's, as the pull does: only then may the next dispatch overwrite a peer's
-// receive region, even that of a peer that pushed nothing here.
-__device__ __forceinline__ uint32_t* PushFlags(const CombineParams& p, int rank, int src) {
-  return reinterpret_cast<uint32_t*>(p.ranks.Base(rank) + p.push_flags_offset) +
-         static_cast<int64_t>(src) * p.max_num_tokens;
-}
-
+// The FP8 wire of a pushed combine (combine_push.cuh): a row lands in its owner's workspace quantized, as
+// Fp8WireRowBytes(hidden) bytes; the owner dequantizes it while summing.
 template <typename T>
-__device__ __forceinline__ void PushFp8Row(const CombineParams& p, int owner, int64_t slot, uint32_t epoch,
-                                           int lane) {
-  const int pieces = (p.hidden + kQuantPieceElems - 1) / kQuantPieceElems;
-  const uint8_t* region = p.input != nullptr ? p.input : p.ranks.Base(p.ranks.ep_rank) + p.combine_offset;
-  const uint8_t* src = region + (static_cast<int64_t>(owner) * p.runtime_max + slot) * p.row_bytes;
-  uint8_t* dst = p.ranks.Base(owner) + p.landing_offset +
-                 (static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max + slot) * Fp8WireRowBytes(p.hidden);
-  for (int piece = 0; piece < pieces; ++piece) QuantizeCombinePieceTo<T>(dst, src, p.hidden, piece, lane);
-  __syncwarp();  // the release below covers every lane's stores
-  if (lane == 0) StoreReleaseSys(PushFlags(p, owner, p.ranks.ep_rank) + slot, epoch);
-}
+struct Fp8Wire {
+  static constexpr int kChunkPieces = kReduceChunkBytes / (kFp8PieceElems * sizeof(T));
 
-template <typename T>
-__device__ __forceinline__ void ReduceFp8Token(const CombineParams& p, RankMetadata* meta, int64_t t, uint32_t epoch,
-                                               int lane) {
-  const auto [entry, num_sources] = LoadTokenSources(p, false, t, lane);
-  const int rank = RouteRank(entry);
-  if (lane < num_sources && rank != p.ranks.ep_rank) {
-    const uint32_t* flag = PushFlags(p, p.ranks.ep_rank, rank) + RouteSlot(entry);
-    if (!WaitUntil([&] { return EpochReached(LoadAcquireSys(flag), epoch) || HasFatalError(meta); }, p.timeout_ns)) {
-      RecordError(meta, ErrorCode::kTimeout, Phase::kCombine, rank, epoch, 0);
+  __device__ static int64_t LandingRowBytes(const CombineParams& p) { return Fp8WireRowBytes(p.hidden); }
+  __device__ static int Chunks(const CombineParams& p) {
+    return (p.hidden + kChunkPieces * kFp8PieceElems - 1) / (kChunkPieces * kFp8PieceElems);
+  }
+
+  __device__ static void Push(const CombineParams& p, uint8_t* dst, const uint8_t* src, int lane) {
+    const int pieces = (p.hidden + kQuantPieceElems - 1) / kQuantPieceElems;
+    for (int piece = 0; piece < pieces; ++piece) QuantizeCombinePieceTo<T>(dst, src, p.hidden, piece, lane);
+  }
+
+  __device__ static void Sum(const CombineParams& p, int64_t t, int chunk, int32_t entry, int num_sources, int lane) {
+    for (int piece = chunk * kChunkPieces; piece < (chunk + 1) * kChunkPieces; ++piece) {
+      if (piece * kFp8PieceElems >= p.hidden) break;
+      SumFp8Elems<T>(p, t, piece * kFp8PieceElems + lane * kFp8PullElems, entry, num_sources, true);
     }
   }
-  __syncwarp();  // extends the lanes' acquires to the whole warp
-  const int pieces = (p.hidden + kFp8PieceElems - 1) / kFp8PieceElems;
-  for (int piece = 0; piece < pieces; ++piece) {
-    SumFp8Elems<T>(p, t, piece * kFp8PieceElems + lane * kFp8PullElems, entry, num_sources, true);
-  }
-}
 
-template <typename T>
-__global__ void __launch_bounds__(kCombineThreads, 2) CombinePushFp8Kernel(const __grid_constant__ CombineParams p) {
-  RankMetadata* meta = p.ranks.MyMeta();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (HasFatalError(meta)) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
-    PullItemsFp8<T>(p, true, blockIdx.x * kCombineWarps + warp, static_cast<int64_t>(gridDim.x) * kCombineWarps);
-    return;
+  // Zeros out (failed: every route dropped).
+  __device__ static void WriteZeros(const CombineParams& p, int64_t first_item, int64_t item_stride) {
+    PullItemsFp8<T>(p, true, first_item, item_stride);
   }
-  const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->combine_epoch) + 1;
-  const int me = p.ranks.ep_rank, peers = p.ranks.ep_size - 1;
-  __shared__ bool s_publisher;
-  __shared__ int s_max_rows;
-  __shared__ uint32_t s_item;
-  if (threadIdx.x == 0) {
-    s_publisher = atomicExch(&meta->combine_published, epoch) != epoch;
-    s_max_rows = 0;
-  }
-  __syncthreads();
-  if (s_publisher) PublishCombineEpoch(p, epoch);
-  for (int r = threadIdx.x; r < p.ranks.ep_size; r += kCombineThreads) {
-    if (r != me) atomicMax(&s_max_rows, p.recv_counts[r]);
-  }
-  __syncthreads();
-  // Item i < push_items: row group i / peers (kCombineWarps slots) of owner (me + 1 + i % peers) % ep_size.
-  const int64_t push_items = static_cast<int64_t>(peers) * ((s_max_rows + kCombineWarps - 1) / kCombineWarps);
-  const int64_t items = push_items + (p.num_tokens + kCombineWarps - 1) / kCombineWarps;
-  while (true) {
-    if (threadIdx.x == 0) s_item = atomicAdd(&meta->combine_claim, 1u);
-    __syncthreads();
-    const int64_t item = s_item;
-    __syncthreads();  // every warp has read s_item before the next claim
-    if (item >= items) break;
-    if (item < push_items) {
-      const int owner = (me + 1 + static_cast<int>(item % peers)) % p.ranks.ep_size;
-      const int64_t slot = item / peers * kCombineWarps + warp;
-      if (slot < p.recv_counts[owner]) PushFp8Row<T>(p, owner, slot, epoch, lane);
-    } else {
-      const int64_t t = (item - push_items) * kCombineWarps + warp;
-      if (t < p.num_tokens) ReduceFp8Token<T>(p, meta, t, epoch, lane);
-    }
-  }
-  if (!ArriveLastBlock(&meta->blocks_done)) return;
-  WaitCombinePeers(p, meta, epoch);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    meta->blocks_done = 0;
-    meta->combine_claim = 0;
-    meta->combine_epoch = epoch;
-  }
-}
+};
 
 }  // namespace flashinfer_a2a

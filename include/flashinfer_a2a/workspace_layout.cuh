@@ -55,7 +55,8 @@ struct alignas(kAlignBytes) RankMetadata {
   uint32_t combine_epoch;                        // combines completed since initialize
   uint32_t blocks_done;                          // completion counter of the running kernel; 0 between launches
   uint32_t combine_published;                    // epoch the one-kernel combine has published (claimed by one block)
-  uint32_t combine_claim;                        // work items claimed by the running pushed combine; 0 between
+  uint32_t combine_claim;                        // rows claimed by the running pushed combine's pushers; 0 between
+  uint32_t combine_reduce_claim;                 // token chunks claimed by its reducers; 0 between launches
   alignas(kAlignBytes) ErrorRecord error;
   alignas(kAlignBytes) int32_t send_counts[kMaxRanks];  // tokens sent to each rank by the running dispatch
   // Written by peers, indexed by the writing rank.

@@ -11,46 +11,15 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import torch
 
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
-from flashinfer_a2a.comm import as_communicator
 from flashinfer_a2a.moe_alltoall import MoeAlltoAll
 
-
-# Every rank on GPU 0, each in its own process (tests/multigpu/test_shared_gpu.py): the contexts time-slice, so a
-# spinning kernel cannot starve a peer's, and the checks that want it may take the one-GPU-per-rank paths.
-SHARED_GPU = os.environ.get("FLASHINFER_A2A_TEST_SHARED_GPU") == "1"
-
-
-def bootstrap():
-    """(group for MoeAlltoAll, communicator, launcher name)."""
-    if "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
-        from mpi4py import MPI
-
-        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
-        torch.cuda.set_device(0 if SHARED_GPU else local)
-        return MPI.COMM_WORLD, as_communicator(MPI.COMM_WORLD), "mpirun"
-    torch.cuda.set_device(0 if SHARED_GPU else int(os.environ["LOCAL_RANK"]))
-    torch.distributed.init_process_group("gloo")
-    return None, as_communicator(None), "torchrun"
-
-
-def shared_seed(comm) -> int:
-    seed = str(torch.seed() % (1 << 31)).encode() if comm.rank == 0 else None
-    return int(comm.broadcast(seed, 0))
-
-
-def make_inputs(ep_size, tokens, top_k, hidden, num_experts, seed, skew=None, id_dtype=torch.int64):
-    gen = torch.Generator().manual_seed(seed)
-    ids = [ref.random_topk_ids(n, top_k, num_experts, generator=gen, skew=skew, dtype=id_dtype,
-                               minus_one_frac=0.1) for n in tokens]
-    hidden_states = [ref.random_payload(n, (hidden,), torch.bfloat16, generator=gen) for n in tokens]
-    weights = [torch.rand(n, top_k, generator=gen) for n in tokens]
-    return ids, hidden_states, weights
+from .common import bootstrap, combine_partials, expect_timeout, make_inputs, shared_seed
+from .push_checks import check_push, check_push_missing_rank  # noqa: F401 (found by name in CHECKS)
 
 
 def round_trip(a2a: MoeAlltoAll, comm, tokens, top_k, hidden, num_experts, seed, *, zero_copy=False, skew=None,
@@ -96,26 +65,6 @@ def check_correctness(group, comm):
         a2a.destroy()
 
 
-def fp8_combine(a2a, comm, want, runtime_max, hidden, dtype, seed, *, zero_copy):
-    """An FP8-wire combine of fresh random partials after the dispatch `want` describes, checked bit for bit against
-    the reference on this rank. Returns every rank's partials."""
-    from flashinfer_a2a.reference import quant as q
-
-    rank, n = comm.rank, comm.size
-    gen = torch.Generator().manual_seed(seed)
-    partials = [torch.randn(n, runtime_max, hidden, generator=gen).to(dtype) for _ in range(n)]
-    if zero_copy:
-        a2a.combine_input().copy_(partials[rank].cuda())
-        out = a2a.combine(quant_format="fp8_block")
-    else:
-        out = a2a.combine(partials[rank].cuda(), quant_format="fp8_block")
-    torch.cuda.synchronize()
-    fa.check_error(a2a.workspace, rank)
-    expected = q.reference_combine_fp8(partials, want)[rank]
-    assert ref.bitwise_equal(out.cpu(), expected), f"FP8-wire combine differs from the reference ({dtype})"
-    return partials
-
-
 def check_quantized(group, comm):
     """Fused quantizing dispatch (each format, both scale layouts) and the FP8-wire combine across processes."""
     from flashinfer_a2a.reference import quant as q
@@ -150,88 +99,9 @@ def check_quantized(group, comm):
                           if swizzled else scales[src, :m].cpu())
             assert torch.equal(got_scales.view(torch.uint8), want_scales.view(torch.uint8)), f"{fmt} scales"
             assert torch.equal(recv_ids[src, :m].cpu(), want.recv_payloads[rank][1][src, :m])
-        fp8_combine(a2a, comm, want, max_tokens, hidden, torch.bfloat16, seed + 50 + i, zero_copy=i % 2 == 1)
+        combine_partials(a2a, comm, want, max_tokens, hidden, torch.bfloat16, seed + 50 + i, zero_copy=i % 2 == 1,
+                         quant_format="fp8_block")
         a2a.destroy()
-
-
-def check_fp8_push(group, comm):
-    """The pushed FP8-wire combine over several calls on one workspace (fp16 and bf16, partials and zero copy, a rank
-    with no tokens), then under CUDA-graph replay: each output bitwise equal to the reference, and every landed row
-    equal to the reference FP8 wire of the peer's partial (the landing blocks are poisoned first, so a pull would
-    leave them so)."""
-    from flashinfer_a2a.reference import quant as q
-    from flashinfer_a2a.wire_formats import fp8_combine_bytes_per_token
-
-    rank, n = comm.rank, comm.size
-    seed = shared_seed(comm)
-    top_k, hidden, num_experts, max_tokens = 6, 2048, 16 * n, 96
-    for dtype in (torch.float16, torch.bfloat16):
-        a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=num_experts, hidden_size=hidden,
-                          dtype=dtype, combine_format="fp8_block")
-        if SHARED_GPU:
-            a2a._symm.one_gpu_per_rank = True  # the pushed combine needs it (see SHARED_GPU)
-        combine_offset = int(a2a.metainfo[fa.get_metainfo_index_pairs()["combine_offset"]])
-        landing_row = fp8_combine_bytes_per_token(hidden, dtype) - hidden * dtype.itemsize
-        for i in range(4):
-            tokens = [(31 * r + 17 * i) % (max_tokens + 1) if (r + i) % 3 else 0 for r in range(n)]
-            runtime_max = max(max(tokens), 1) if i % 2 else max_tokens
-            ids, xs, _ = make_inputs(n, tokens, top_k, hidden, num_experts, seed + 11 * i)
-            xs = [x.to(dtype) for x in xs]
-            # Poisoned before the dispatch: once a peer has this rank's dispatch signal, it may push here.
-            landing_at = combine_offset + n * runtime_max * hidden * dtype.itemsize
-            landing = a2a.workspace[rank, landing_at:landing_at + n * runtime_max * landing_row]
-            landing.fill_(0x5A)
-            a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda()], runtime_max)
-            want = ref.reference_dispatch(ids, [[x] for x in xs], num_experts, runtime_max)
-            partials = fp8_combine(a2a, comm, want, runtime_max, hidden, dtype, seed + 11 * i + 1,
-                                   zero_copy=i % 2 == 1)
-            rows = landing.view(n, runtime_max, landing_row).cpu()
-            for src in range(n):
-                m = int(want.recv_counts[src][rank])  # rows src computed for this rank's tokens
-                if src == rank or m == 0:
-                    continue
-                values, scales = q.quantize(partials[src][rank, :m], "fp8_block")
-                assert torch.equal(rows[src, :m, :hidden], values.view(torch.uint8)), f"landed values from {src}"
-                got_scales = rows[src, :m, hidden:hidden + scales.shape[1] * 4].contiguous().view(torch.float32)
-                assert torch.equal(got_scales, scales), f"landed scales from {src}"
-        _replay_fp8_push(a2a, comm, top_k, hidden, num_experts, dtype, seed + 99)
-        a2a.destroy()
-
-
-def _replay_fp8_push(a2a, comm, top_k, hidden, num_experts, dtype, seed):
-    """A dispatch + pushed FP8 combine captured in a CUDA graph, replayed on fresh inputs: the epochs, the claim
-    counter and the push flags advance on the device, so every replay must match the reference."""
-    from flashinfer_a2a.reference import quant as q
-
-    rank, n, tokens = comm.rank, comm.size, a2a.config.max_num_tokens
-    static_ids = torch.zeros(tokens, top_k, dtype=torch.int64, device="cuda")
-    static_x = torch.zeros(tokens, hidden, dtype=dtype, device="cuda")
-    static_partials = torch.zeros(n, tokens, hidden, dtype=dtype, device="cuda")
-
-    def layer():
-        a2a.dispatch(static_ids, [static_x], tokens)
-        return a2a.combine(static_partials, quant_format="fp8_block")
-
-    layer()
-    torch.cuda.synchronize()
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.graph(graph, stream=stream):
-        static_out = layer()
-    for j in range(3):
-        ids, xs, _ = make_inputs(n, [tokens] * n, top_k, hidden, num_experts, seed + j)
-        xs = [x.to(dtype) for x in xs]
-        want = ref.reference_dispatch(ids, [[x] for x in xs], num_experts, tokens)
-        gen = torch.Generator().manual_seed(seed + 50 + j)
-        partials = [torch.randn(n, tokens, hidden, generator=gen).to(dtype) for _ in range(n)]
-        static_ids.copy_(ids[rank])
-        static_x.copy_(xs[rank])
-        static_partials.copy_(partials[rank])
-        static_out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        fa.check_error(a2a.workspace, rank)
-        expected = q.reference_combine_fp8(partials, want)[rank]
-        assert ref.bitwise_equal(static_out.cpu(), expected), f"replayed pushed FP8 combine differs ({dtype}, {j})"
 
 
 def _layer(a2a, ids, x):
@@ -358,16 +228,8 @@ def check_missing_rank(group, comm):
     a2a = MoeAlltoAll(group, max_num_tokens=32, top_k=2, num_experts=2 * comm.size, hidden_size=256)
     if comm.rank != last:
         ids = torch.zeros(32, 2, dtype=torch.int64, device="cuda")
-        start = time.monotonic()
-        a2a.dispatch(ids, [torch.zeros(32, 256, dtype=torch.bfloat16, device="cuda")], timeout_s=1.0)
-        torch.cuda.synchronize()
-        assert time.monotonic() - start < 10
-        try:
-            fa.check_error(a2a.workspace, comm.rank)
-        except fa.A2AError as exc:
-            assert exc.peer == last and f"rank {last}" in str(exc), exc
-        else:
-            raise AssertionError("no timeout recorded")
+        x = torch.zeros(32, 256, dtype=torch.bfloat16, device="cuda")
+        expect_timeout(a2a, comm, last, lambda: a2a.dispatch(ids, [x], timeout_s=1.0))
     a2a.destroy()
 
 

@@ -1,0 +1,123 @@
+"""Checks of the pushed combine across processes (run by worker.py): plain rows and the FP8 wire landed in their
+owners' workspaces, summed as they land, under CUDA-graph replay, and with a rank that never combines."""
+
+from __future__ import annotations
+
+import torch
+
+import flashinfer_a2a as fa
+from flashinfer_a2a import reference as ref
+from flashinfer_a2a.moe_alltoall import MoeAlltoAll
+from flashinfer_a2a.reference import quant as q
+from flashinfer_a2a.wire_formats import push_combine_bytes_per_token
+
+from .common import SHARED_GPU, combine_partials, expect_timeout, make_inputs, shared_seed
+
+# (dtype, hidden, combine wire): 16-byte rows; 4-byte rows (1026 fp16, 515 fp32); the FP8 wire in both dtypes.
+PUSH_CASES = ((torch.bfloat16, 2048, None), (torch.float16, 1026, None), (torch.float32, 515, None),
+              (torch.float16, 2048, "fp8_block"), (torch.bfloat16, 2048, "fp8_block"))
+
+
+def _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens) -> MoeAlltoAll:
+    a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * comm.size, hidden_size=hidden,
+                      dtype=dtype, combine_format=wire, push_combine=wire is None)
+    if SHARED_GPU:
+        a2a._symm.one_gpu_per_rank = True  # the pushed combine needs it (see SHARED_GPU)
+    return a2a
+
+
+def check_push(group, comm):
+    """Pushed combines over several calls on one workspace per case (partials tensor, zero copy, partials off a
+    16-byte boundary, runtime_max changing, a rank with no tokens), then under CUDA-graph replay: each output bitwise
+    equal to the reference, and every landed row equal to the peer's partial (plain) or to the reference FP8 wire of
+    it; the landing blocks are poisoned before each dispatch, so a pull would leave them so."""
+    rank, n = comm.rank, comm.size
+    seed = shared_seed(comm)
+    top_k, max_tokens = 6, 96
+    for c, (dtype, hidden, wire) in enumerate(PUSH_CASES):
+        a2a = _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens)
+        combine_offset = int(a2a.metainfo[fa.get_metainfo_index_pairs()["combine_offset"]])
+        landing_row = push_combine_bytes_per_token(hidden, dtype, wire) - hidden * dtype.itemsize
+        for i in range(4):
+            s = seed + 100 * c + 11 * i
+            tokens = [(31 * r + 17 * i) % (max_tokens + 1) if (r + i) % 3 else 0 for r in range(n)]
+            runtime_max = max(max(tokens), 1) if i % 2 else max_tokens
+            ids, xs, _ = make_inputs(n, tokens, top_k, hidden, 16 * n, s)
+            xs = [x.to(dtype) for x in xs]
+            # Poisoned before the dispatch: once a peer has this rank's dispatch signal, it may push here.
+            landing_at = combine_offset + n * runtime_max * hidden * dtype.itemsize
+            landing = a2a.workspace[rank, landing_at:landing_at + n * runtime_max * landing_row]
+            landing.fill_(0x5A)
+            a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda()], runtime_max)
+            want = ref.reference_dispatch(ids, [[x] for x in xs], 16 * n, runtime_max)
+            partials = combine_partials(a2a, comm, want, runtime_max, hidden, dtype, s + 1, zero_copy=i % 2 == 1,
+                                        quant_format=wire, misaligned=i == 2 and wire is None)
+            rows = landing.view(n, runtime_max, landing_row).cpu()
+            for src in range(n):
+                m = int(want.recv_counts[src][rank])  # rows src computed for this rank's tokens
+                if src == rank or m == 0:
+                    continue
+                if wire is None:
+                    sent = partials[src][rank, :m].contiguous().view(torch.uint8).reshape(m, -1)
+                    assert torch.equal(rows[src, :m], sent), f"landed rows from {src} ({dtype})"
+                    continue
+                values, scales = q.quantize(partials[src][rank, :m], wire)
+                assert torch.equal(rows[src, :m, :hidden], values.view(torch.uint8)), f"landed values from {src}"
+                got_scales = rows[src, :m, hidden:hidden + scales.shape[1] * 4].contiguous().view(torch.float32)
+                assert torch.equal(got_scales, scales), f"landed scales from {src}"
+        if hidden == 2048:
+            _replay_push(a2a, comm, top_k, hidden, dtype, wire, seed + 100 * c + 99)
+        a2a.destroy()
+
+
+def _replay_push(a2a, comm, top_k, hidden, dtype, wire, seed):
+    """A dispatch + pushed combine captured in a CUDA graph, replayed on fresh inputs: the epochs, the claim counters
+    and the push flags advance on the device, so every replay must match the reference."""
+    rank, n, tokens = comm.rank, comm.size, a2a.config.max_num_tokens
+    static_ids = torch.zeros(tokens, top_k, dtype=torch.int64, device="cuda")
+    static_x = torch.zeros(tokens, hidden, dtype=dtype, device="cuda")
+    static_partials = torch.zeros(n, tokens, hidden, dtype=dtype, device="cuda")
+
+    def layer():
+        a2a.dispatch(static_ids, [static_x], tokens)
+        return a2a.combine(static_partials, quant_format=wire)
+
+    layer()
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.graph(graph, stream=stream):
+        static_out = layer()
+    for j in range(3):
+        ids, xs, _ = make_inputs(n, [tokens] * n, top_k, hidden, 16 * n, seed + j)
+        xs = [x.to(dtype) for x in xs]
+        want = ref.reference_dispatch(ids, [[x] for x in xs], 16 * n, tokens)
+        gen = torch.Generator().manual_seed(seed + 50 + j)
+        partials = [torch.randn(n, tokens, hidden, generator=gen).to(dtype) for _ in range(n)]
+        static_ids.copy_(ids[rank])
+        static_x.copy_(xs[rank])
+        static_partials.copy_(partials[rank])
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        fa.check_error(a2a.workspace, rank)
+        expected = (ref.reference_combine(partials, want) if wire is None
+                    else q.reference_combine_fp8(partials, want))[rank]
+        assert ref.bitwise_equal(static_out.cpu(), expected), f"replayed pushed combine differs ({dtype}, {j})"
+
+
+def check_push_missing_rank(group, comm):
+    """The last rank dispatches but never combines: the others' pushed combines end with the timeout naming it
+    (their reducers wait for its rows), not a hang."""
+    last, top_k, tokens = comm.size - 1, 4, 32
+    a2a = _pushing(group, comm, torch.bfloat16, 512, None, top_k, tokens)
+    ids = torch.zeros(tokens, top_k, dtype=torch.int64, device="cuda")
+    ids[:, 0] = a2a.num_experts - 1  # every token goes to the last rank (its experts are the last ones)
+    a2a.dispatch(ids, [torch.ones(tokens, 512, dtype=torch.bfloat16, device="cuda")])
+    torch.cuda.synchronize()
+    if comm.rank != last:
+        out = torch.full((tokens, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        partials = torch.ones(comm.size, tokens, 512, dtype=torch.bfloat16, device="cuda")
+        expect_timeout(a2a, comm, last, lambda: a2a.combine(partials, out=out, timeout_s=1.0))
+        # Every token waited for a row that never landed: the sums are dropped (zeros), not read from the poison.
+        assert torch.equal(out.cpu(), torch.zeros(tokens, 512, dtype=torch.bfloat16))
+    a2a.destroy()
