@@ -127,6 +127,16 @@ def test_derived_columns():
     assert case["summary"] == {"pair_speedup_vs_nccl_a2a_graph": 3.0, "eager_overhead_us_per_call": 0.0}
 
 
+def test_push_over_pull_combine():
+    case = _case()
+    pulled = {p: dict(s, max_rank=s["max_rank"] * (1.25 if p == "combine" else 1))
+              for p, s in case["impls"]["a2a"]["graph"].items() if p in ("dispatch", "combine", "pair")}
+    case["impls"]["a2a-pull"] = {"graph": pulled}
+    add_derived(case)
+    assert case["summary"]["push_combine_speedup_graph"] == 1.25  # 25 us pulled against 20 us pushed
+    assert "push_combine_speedup_eager" not in case["summary"]  # no eager a2a-pull row
+
+
 def test_derived_columns_of_the_quantized_rows():
     case = _case()
     fused = {p: dict(s, max_rank=s["max_rank"] / 2) for p, s in case["impls"]["a2a"]["graph"].items()

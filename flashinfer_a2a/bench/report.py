@@ -36,6 +36,9 @@ def add_derived(case: dict[str, Any]) -> None:
         nccl = case["impls"].get("nccl_a2a", {}).get(mode, {})
         if "pair" in stats and "pair" in nccl:
             summary[f"pair_speedup_vs_nccl_a2a_{mode}"] = nccl["pair"]["max_rank"] / stats["pair"]["max_rank"]
+        pulled = case["impls"].get("a2a-pull", {}).get(mode, {})
+        if "combine" in stats and "combine" in pulled:
+            summary[f"push_combine_speedup_{mode}"] = pulled["combine"]["max_rank"] / stats["combine"]["max_rank"]
     if "pair" in ours.get("graph", {}) and "pair" in ours.get("eager", {}):
         summary["eager_overhead_us_per_call"] = (ours["eager"]["pair"]["max_rank"]
                                                  - ours["graph"]["pair"]["max_rank"]) / len(PHASES)
@@ -87,7 +90,8 @@ def write_json(path: str, meta: dict[str, Any], cases: list[dict[str, Any]]) -> 
 
 
 def write_plot(path: str, meta: dict[str, Any], cases: list[dict[str, Any]]) -> Optional[str]:
-    """Pair latency and a2a bandwidth against tokens per rank (CUDA-graph times). Returns why not, if not."""
+    """Pair latency, dispatch and combine bandwidth against tokens per rank (CUDA-graph times), one colour per
+    implementation (with dtype and routing when several were run). Returns why not, if not."""
     try:
         import matplotlib
 
@@ -95,35 +99,40 @@ def write_plot(path: str, meta: dict[str, Any], cases: list[dict[str, Any]]) -> 
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib)"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    series: dict[tuple, list[tuple[int, float]]] = {}
-    rates: dict[tuple, list[tuple[int, float]]] = {}
+    panels = {"pair": {}, **{phase: {} for phase in PHASES}}  # panel -> series key -> [(tokens, value)]
+    labels = {k: len({c[k] for c in cases}) > 1 for k in ("dtype", "routing")}
     for case in cases:
         for impl, modes in case["impls"].items():
             stats = modes.get("graph", {})
             if "pair" not in stats:
                 continue
-            key = (impl, case["dtype"], case["routing"])
-            series.setdefault(key, []).append((case["tokens"], stats["pair"]["max_rank"]))
-            if impl != "nccl_ag_rs":
+            key = " ".join([impl] + [case[k] for k, shown in labels.items() if shown])
+            panels["pair"].setdefault(key, []).append((case["tokens"], stats["pair"]["max_rank"]))
+            if impl != "nccl_ag_rs":  # it moves every token to every rank: its GB/s says little
                 for phase in PHASES:
-                    rates.setdefault(key + (phase,), []).append((case["tokens"], stats["gbps"][phase]["remote"]))
-    for key, points in sorted(series.items()):
-        xs, ys = zip(*sorted(points))
-        left.plot(xs, ys, marker="o", label=" ".join(key))
-    for key, points in sorted(rates.items()):
-        xs, ys = zip(*sorted(points))
-        right.plot(xs, ys, marker="o", label=" ".join(key))
-    left.set(xscale="log", yscale="log", xlabel="tokens per rank", ylabel="dispatch + combine (us, slowest rank)",
-             title="pair latency, CUDA-graph replay")
-    right.set(xscale="log", xlabel="tokens per rank", ylabel="GB/s of remote bytes per rank",
-              title="bandwidth, CUDA-graph replay")
-    for ax in (left, right):
+                    panels[phase].setdefault(key, []).append((case["tokens"], stats["gbps"][phase]["remote"]))
+    keys = sorted(panels["pair"])
+    colours = plt.get_cmap("tab20" if len(keys) > 10 else "tab10")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    titles = {"pair": ("dispatch + combine (us, slowest rank)", "pair latency"),
+              "dispatch": ("GB/s of remote bytes per rank", "dispatch bandwidth"),
+              "combine": ("GB/s of remote bytes per rank", "combine bandwidth")}
+    for ax, (panel, series) in zip(axes, panels.items()):
+        for key in keys:
+            if key in series:
+                xs, ys = zip(*sorted(series[key]))
+                ax.plot(xs, ys, marker="o", color=colours(keys.index(key) % colours.N), label=key,
+                        linestyle="--" if key.startswith("nccl") else "-")
+        ax.set(xscale="log", xlabel="tokens per rank", ylabel=titles[panel][0],
+               title=f"{titles[panel][1]}, CUDA-graph replay")
+        if panel == "pair":
+            ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), fontsize=8)
     fig.suptitle(f"{meta['model']} (hidden {meta['shape']['hidden']}, top-{meta['shape']['top_k']}), "
                  f"{meta['ep_size']} ranks, {meta['gpu']}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06 * (1 + (len(names) - 1) // 6), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return None
