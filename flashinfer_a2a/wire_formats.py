@@ -1,6 +1,6 @@
 """Bytes per token of the quantized wire formats, to size a workspace whose dispatch carries pre-quantized hidden
-states (values and scales as two payloads). The formats are defined in :mod:`flashinfer_a2a.reference.quant` and
-``docs/quantized_formats.md``."""
+states (values and scales as two payloads), and of a pushed combine's rows. The formats are defined in
+:mod:`flashinfer_a2a.reference.quant` and ``docs/quantized_formats.md``."""
 
 from __future__ import annotations
 
