@@ -10,10 +10,12 @@ from .test_multigpu import _launch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
-def test_push_on_one_gpu(launcher):
+@pytest.mark.parametrize("launcher, nproc", [("torchrun", 2), ("mpirun", 2), ("torchrun", 3)])
+def test_push_on_one_gpu(launcher, nproc):
+    """Two ranks under both launchers; three under torchrun (each pushes to two owners, their rows interleaved, and
+    waits on rows from two peers)."""
     checks = ["push", "push_missing_rank"]
-    out = _launch(launcher, 2, checks, extra_env={"FLASHINFER_A2A_TEST_SHARED_GPU": "1"})
+    out = _launch(launcher, nproc, checks, extra_env={"FLASHINFER_A2A_TEST_SHARED_GPU": "1"})
     for check in checks:
-        for rank in range(2):
+        for rank in range(nproc):
             assert f"CHECK {check} rank {rank} ok" in out, out[-6000:]
