@@ -322,9 +322,9 @@ def combine(
         quant_format: ``"fp8_block"``: the partials for other ranks cross NVLink as FP8 E4M3 with an fp32 scale per
             128 elements (quantized on the rank that computed them, over the front of their rows in the combine
             region, or on the way when pushed; dequantized and summed in fp32 by the token's owner; a rank's own
-            partials stay exact). About
-            half the bytes; the error is documented in ``docs/quantized_formats.md`` and equals
-            :func:`flashinfer_a2a.reference.quant.reference_combine_fp8` bit for bit. bf16|fp16, ``hidden % 8 == 0``.
+            partials stay exact). About half the bytes; the error is documented in ``docs/quantized_formats.md``
+            and equals :func:`flashinfer_a2a.reference.quant.reference_combine_fp8` bit for bit. bf16|fp16,
+            ``hidden % 8 == 0``.
 
     Returns:
         ``[num_tokens, hidden]``.

@@ -31,8 +31,8 @@ def _expected(ep_size, max_tokens, top_k, dispatch_bytes, combine_bytes):
     dispatch = _align(routing + max_tokens * top_k * 4)
     combine = _align(dispatch + ep_size * max_tokens * dispatch_bytes + 8 * 128)
     total = _align(combine + ep_size * max_tokens * combine_bytes)
-    return offsets, {"metadata_bytes": at, "push_flags_offset": push_flags, "routing_offset": routing, "dispatch_offset": dispatch,
-                     "combine_offset": combine, "bytes_per_rank": total}
+    return offsets, {"metadata_bytes": at, "push_flags_offset": push_flags, "routing_offset": routing,
+                     "dispatch_offset": dispatch, "combine_offset": combine, "bytes_per_rank": total}
 
 
 SIZES = [(1, 1, 1, 0, 0), (2, 128, 8, 7168 * 2 + 8 * 4 + 8 * 4, 7168 * 2), (8, 4096, 8, 7168 + 56 * 4, 14336),

@@ -145,13 +145,17 @@ inline cudaError_t DispatchPullKernel(FloatType type, int vec_bytes, Fn&& fn) {
   }
 }
 
-// A block per work item at most: one per peer row (over the pushers of a block), one per token's reduce chunks.
-inline int PushBlocks(const CombineParams& p, int num_sms, int reduce_chunks) {
+// The pushed combine with a block per work item at most: one per kPushWarps peer rows, one per reducers' share of
+// the token chunks.
+template <typename Wire>
+cudaError_t LaunchPush(const CombineParams& p, int num_sms, cudaStream_t stream) {
+  constexpr int kReduceWarps = kCombineWarps - kPushWarps;
   const int64_t rows = static_cast<int64_t>(p.ranks.ep_size - 1) * p.runtime_max;
-  const int64_t reduces = static_cast<int64_t>(p.num_tokens) * reduce_chunks;
-  const int64_t blocks = std::max((rows + kPushWarps - 1) / kPushWarps,
-                                  (reduces + kCombineWarps - kPushWarps - 1) / (kCombineWarps - kPushWarps));
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_sms * 2, blocks)));
+  const int64_t reduces = static_cast<int64_t>(p.num_tokens) * Wire::Chunks(p);
+  const int64_t blocks = std::max((rows + kPushWarps - 1) / kPushWarps, (reduces + kReduceWarps - 1) / kReduceWarps);
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_sms * 2, blocks)));
+  CombinePushKernel<Wire><<<grid, kCombineThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 struct PushLauncher {
@@ -160,20 +164,9 @@ struct PushLauncher {
   cudaStream_t stream;
   template <typename T, int kVec>
   cudaError_t operator()() const {
-    const int64_t chunk = static_cast<int64_t>(PlainWire<T, kVec>::kChunkPieces) * PlainWire<T, kVec>::kPieceBytes;
-    const int blocks = PushBlocks(p, num_sms, static_cast<int>((p.row_bytes + chunk - 1) / chunk));
-    CombinePushKernel<PlainWire<T, kVec>><<<blocks, kCombineThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return LaunchPush<PlainWire<T, kVec>>(p, num_sms, stream);
   }
 };
-
-template <typename T>
-cudaError_t LaunchPushFp8(const CombineParams& p, int num_sms, cudaStream_t stream) {
-  constexpr int64_t chunk = Fp8Wire<T>::kChunkPieces * kFp8PieceElems;
-  const int blocks = PushBlocks(p, num_sms, static_cast<int>((p.hidden + chunk - 1) / chunk));
-  CombinePushKernel<Fp8Wire<T>><<<blocks, kCombineThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
 
 struct PullLauncher {
   const CombineParams& p;
@@ -206,7 +199,8 @@ struct PullPreloader {
 inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
                                  bool one_gpu_per_rank, cudaStream_t stream) {
   if (p.push && p.fp8_wire) {
-    return p.fp16 ? LaunchPushFp8<__half>(p, num_sms, stream) : LaunchPushFp8<__nv_bfloat16>(p, num_sms, stream);
+    return p.fp16 ? LaunchPush<Fp8Wire<__half>>(p, num_sms, stream)
+                  : LaunchPush<Fp8Wire<__nv_bfloat16>>(p, num_sms, stream);
   }
   if (p.push) return DispatchPullKernel(type, pull_vec_bytes, PushLauncher{p, num_sms, stream});
   if (p.fp8_wire) pull_vec_bytes = kFp8PullElems * 2;  // bf16|fp16, 16 elements a lane

@@ -39,6 +39,17 @@ struct CombineParams {
   int32_t max_num_tokens;
 };
 
+// Where this rank's partials are: the caller's tensor, or its own combine region (zero copy).
+__device__ __forceinline__ const uint8_t* OwnPartials(const CombineParams& p) {
+  return p.input != nullptr ? p.input : p.ranks.Base(p.ranks.ep_rank) + p.combine_offset;
+}
+
+// Rank `owner`'s landing row (of `row_bytes`) for the partial rank `src` computed for owner's token slot `slot`.
+__device__ __forceinline__ uint8_t* LandingRow(const CombineParams& p, int owner, int src, int64_t slot,
+                                               int64_t row_bytes) {
+  return p.ranks.Base(owner) + p.landing_offset + (static_cast<int64_t>(src) * p.runtime_max + slot) * row_bytes;
+}
+
 // Tells every peer that this rank's combine input for `epoch` is in place (the block's threads share the stores).
 __device__ __forceinline__ void PublishCombineEpoch(const CombineParams& p, uint32_t epoch) {
   for (int r = threadIdx.x; r < p.ranks.ep_size; r += kCombineThreads) {
@@ -98,11 +109,9 @@ __device__ __forceinline__ void SumPlainElems(const CombineParams& p, int64_t t,
         const int rank = RouteRank(e);
         const uint8_t* row;
         if (rank == p.ranks.ep_rank) {
-          row = (p.input != nullptr ? p.input : p.ranks.Base(rank) + p.combine_offset) +
-                (src_block + RouteSlot(e)) * p.row_bytes;
+          row = OwnPartials(p) + (src_block + RouteSlot(e)) * p.row_bytes;
         } else if (landed) {
-          row = p.ranks.Base(p.ranks.ep_rank) + p.landing_offset +
-                (static_cast<int64_t>(rank) * p.runtime_max + RouteSlot(e)) * p.row_bytes;
+          row = LandingRow(p, p.ranks.ep_rank, rank, RouteSlot(e), p.row_bytes);
         } else {
           row = p.ranks.Base(rank) + p.combine_offset + (src_block + RouteSlot(e)) * p.row_bytes;
         }

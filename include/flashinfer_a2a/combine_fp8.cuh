@@ -122,18 +122,15 @@ __device__ __forceinline__ void SumFp8Elems(const CombineParams& p, int64_t t, i
       const int32_t e = __shfl_sync(0xffffffffu, entry, (j0 + j) & 31);
       if (active && j0 + j < num_sources) {
         const int rank = RouteRank(e);
-        const bool own = rank == p.ranks.ep_rank;
-        if (own) {
-          const uint8_t* region = p.input != nullptr ? p.input : p.ranks.Base(rank) + p.combine_offset;
-          const uint4* v = reinterpret_cast<const uint4*>(region + (src_block + RouteSlot(e)) * p.row_bytes +
+        if (rank == p.ranks.ep_rank) {
+          const uint4* v = reinterpret_cast<const uint4*>(OwnPartials(p) + (src_block + RouteSlot(e)) * p.row_bytes +
                                                           e0 * sizeof(T));
           loaded[j][0] = v[0];
           if (full) loaded[j][1] = v[1];
           scale[j] = 0.0f;
         } else {
           const uint8_t* row =
-              landed ? p.ranks.Base(p.ranks.ep_rank) + p.landing_offset +
-                           (static_cast<int64_t>(rank) * p.runtime_max + RouteSlot(e)) * landing_row_bytes
+              landed ? LandingRow(p, p.ranks.ep_rank, rank, RouteSlot(e), landing_row_bytes)
                      : p.ranks.Base(rank) + p.combine_offset + (src_block + RouteSlot(e)) * p.row_bytes;
           loaded[j][0] = full ? *reinterpret_cast<const uint4*>(row + e0)
                               : make_uint4(reinterpret_cast<const uint2*>(row + e0)->x,
@@ -199,7 +196,7 @@ struct Fp8Wire {
   static constexpr int kChunkPieces = kReduceChunkBytes / (kFp8PieceElems * sizeof(T));
 
   __device__ static int64_t LandingRowBytes(const CombineParams& p) { return Fp8WireRowBytes(p.hidden); }
-  __device__ static int Chunks(const CombineParams& p) {
+  __host__ __device__ static int Chunks(const CombineParams& p) {
     return (p.hidden + kChunkPieces * kFp8PieceElems - 1) / (kChunkPieces * kFp8PieceElems);
   }
 

@@ -35,7 +35,7 @@ struct PlainWire {
   static constexpr int kChunkPieces = (kReduceChunkBytes + kPieceBytes - 1) / kPieceBytes;
 
   __device__ static int64_t LandingRowBytes(const CombineParams& p) { return p.row_bytes; }
-  __device__ static int Chunks(const CombineParams& p) {
+  __host__ __device__ static int Chunks(const CombineParams& p) {
     return static_cast<int>((p.row_bytes + kChunkPieces * kPieceBytes - 1) / (kChunkPieces * kPieceBytes));
   }
 
@@ -120,16 +120,15 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePushKernel(const __
     for (int r = lane; r < p.ranks.ep_size; r += 32) max_rows = r == me ? max_rows : max(max_rows, p.recv_counts[r]);
     max_rows = __reduce_max_sync(0xffffffffu, max_rows);
     const int64_t push_items = static_cast<int64_t>(peers) * max_rows;
-    const uint8_t* region = p.input != nullptr ? p.input : p.ranks.Base(me) + p.combine_offset;
+    const uint8_t* partials = OwnPartials(p);
     const int64_t landing_row_bytes = Wire::LandingRowBytes(p);
     for (int64_t item = ClaimItem(&meta->combine_claim, lane); item < push_items;
          item = ClaimItem(&meta->combine_claim, lane)) {
       const int owner = (me + 1 + static_cast<int>(item % peers)) % p.ranks.ep_size;
       const int64_t slot = item / peers;
       if (slot >= p.recv_counts[owner]) continue;
-      Wire::Push(p, p.ranks.Base(owner) + p.landing_offset + (static_cast<int64_t>(me) * p.runtime_max + slot) *
-                                                                 landing_row_bytes,
-                 region + (static_cast<int64_t>(owner) * p.runtime_max + slot) * p.row_bytes, lane);
+      Wire::Push(p, LandingRow(p, owner, me, slot, landing_row_bytes),
+                 partials + (static_cast<int64_t>(owner) * p.runtime_max + slot) * p.row_bytes, lane);
       __syncwarp();  // the release below covers every lane's stores
       if (lane == 0) StoreReleaseSys(PushFlags(p, owner, me) + slot, epoch);
     }

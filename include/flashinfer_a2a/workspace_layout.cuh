@@ -7,14 +7,15 @@
 // - RankMetadata: epochs, the grid-completion counter, the error record (written by this rank), and the signal
 //   slots peers store into (indexed by the writer's rank).
 // - push flags: [ep_size, max_num_tokens] uint32, the epoch of the last pushed combine in which that rank landed
-//   its row for local token slot s here (see combine.cuh). Cleared with the metadata at initialization.
+//   its row for local token slot s here (see combine_push.cuh). Cleared with the metadata at initialization.
 // - routing record: [max_num_tokens, top_k] int32, written by this rank's dispatch and read by its combine. Entry
 //   (t, k) packs (rank << kRouteSlotBits) | slot for the k-th distinct target rank of local token t in increasing
 //   rank order; -1 ends the list.
 // - dispatch receive region: payload p of the current dispatch is received into [ep_size, runtime_max, row_bytes_p]
 //   (source rank major), each payload starting on a 128-byte boundary.
 // - combine region: [ep_size, runtime_max, combine_row_bytes], the expert outputs peers pull during combine; a
-//   pushed FP8-wire combine lands the peers' FP8 rows right after them, [ep_size, runtime_max, fp8 row bytes].
+//   pushed combine lands the peers' rows right after them, [ep_size, runtime_max, landing row bytes] (the partial
+//   row, or Fp8WireRowBytes over the FP8 wire).
 //
 // Plain C++ (no CUDA runtime calls): the host entry points and the kernels include it alike.
 #pragma once
