@@ -111,26 +111,34 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   RankMetadata* meta = p.ranks.MyMeta();
   int32_t* routing = reinterpret_cast<int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
 
-  // Tokens before the chunk: per-warp counts only, order-free. Invalid ids are reported by the chunk owning them.
+  // Tokens before the chunk: per-warp counts only, order-free. Each thread takes kScanTokens tokens at a time and
+  // loads all their ids before counting (the last block scans nearly every token). Invalid ids are reported by the
+  // chunk owning them.
+  constexpr int kScanTokens = sizeof(IdT) == 4 ? 4 : 1;
   for (int r = lane; r < ep_size; r += 32) s_warp[warp][r] = 0;
   __syncthreads();  // also publishes the partition's rank table
-  for (int tile = 0; tile < t0; tile += kDispatchThreads) {
-    const int t = tile + threadIdx.x;
-    RankMask mask = {};
-    if (t < t0) mask = TokenRanks(ids, t, p.top_k, part, nullptr, epoch);
+  for (int tile = 0; tile < t0; tile += kScanTokens * kDispatchThreads) {
+    IdT first[kScanTokens][kIdBatch];
+#pragma unroll
+    for (int u = 0; u < kScanTokens; ++u) {
+      const int t = tile + u * kDispatchThreads + threadIdx.x;
+      LoadIdBatch(ids + static_cast<int64_t>(t) * p.top_k, 0, t < t0 ? p.top_k : 0, first[u]);
+    }
+    RankMask mask[kScanTokens];
+#pragma unroll
+    for (int u = 0; u < kScanTokens; ++u) {
+      const int t = tile + u * kDispatchThreads + threadIdx.x;
+      mask[u] = {};
+      AddIdRanks(mask[u], first[u], part, nullptr, epoch, 0);
+      if (t < t0 && p.top_k > kIdBatch) mask[u] = TokenRanks(ids, t, p.top_k, part, nullptr, epoch, mask[u], kIdBatch);
+    }
     for (int r = 0; r < ep_size; ++r) {
-      const uint32_t bal = __ballot_sync(0xffffffffu, mask.Has(r));
-      if (lane == 0) s_warp[warp][r] += __popc(bal);
+      int count = 0;
+#pragma unroll
+      for (int u = 0; u < kScanTokens; ++u) count += __popc(__ballot_sync(0xffffffffu, mask[u].Has(r)));
+      if (lane == 0) s_warp[warp][r] += count;
     }
   }
-  __syncthreads();
-  for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
-    int32_t sum = 0;
-    for (int w = 0; w < kDispatchWarps; ++w) sum += s_warp[w][r];
-    s_base[r] = sum;
-  }
-  __syncthreads();
-
   // The chunk, one token per thread per tile: slot = base + earlier warps' count + earlier lanes' count.
   for (int tile = t0; tile < t1; tile += kDispatchThreads) {
     const int t = tile + threadIdx.x;

@@ -105,21 +105,43 @@ struct ExpertPartition {
 };
 static_assert(kMaxRanks <= 256, "ExpertPartition's table holds ranks as bytes");
 
-// The distinct ranks of token t's top-k experts. An id outside [-1, num_experts) is recorded as an error against
-// this rank (unless meta is null) and skipped: it is never routed anywhere.
+// Top-k ids are read kIdBatch at a time, every load issued before the first is used: one memory latency per batch
+// (per token for top_k <= 8) instead of one per id.
+constexpr int kIdBatch = 8;
+
+// Ids k0..k0+kIdBatch-1 of a top-k row; -1 (no expert) past top_k, which is never read.
 template <typename IdT>
-__device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, int top_k, const ExpertPartition& part,
-                                               RankMetadata* meta, uint32_t epoch) {
-  RankMask mask = {};
-  for (int k = 0; k < top_k; ++k) {
-    const int64_t id = static_cast<int64_t>(topk_ids[t * top_k + k]);
+__device__ __forceinline__ void LoadIdBatch(const IdT* row, int k0, int top_k, IdT (&ids)[kIdBatch]) {
+#pragma unroll
+  for (int i = 0; i < kIdBatch; ++i) ids[i] = k0 + i < top_k ? row[k0 + i] : IdT(-1);
+}
+
+// Adds the ranks owning a batch of ids to `mask`. An id outside [-1, num_experts) is recorded as an error against
+// this rank (unless meta is null; `index0` is the flat index of ids[0] in topk_ids) and skipped: it is never routed
+// anywhere.
+template <typename IdT>
+__device__ __forceinline__ void AddIdRanks(RankMask& mask, const IdT (&ids)[kIdBatch], const ExpertPartition& part,
+                                           RankMetadata* meta, uint32_t epoch, int64_t index0) {
+#pragma unroll
+  for (int i = 0; i < kIdBatch; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
     if (id == -1) continue;
     if (id < -1 || id >= part.num_experts) {
-      if (meta != nullptr) RecordError(meta, ErrorCode::kInvalidExpertId, Phase::kDispatch, -1, epoch, t * top_k + k);
+      if (meta != nullptr) RecordError(meta, ErrorCode::kInvalidExpertId, Phase::kDispatch, -1, epoch, index0 + i);
       continue;
     }
-    const int r = part.RankOf(static_cast<int>(id));
-    mask.Add(r);
+    mask.Add(part.RankOf(static_cast<int>(id)));
+  }
+}
+
+// The distinct ranks of token t's top-k experts, ids from batch `k0` on (the earlier ones already in `mask`).
+template <typename IdT>
+__device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, int top_k, const ExpertPartition& part,
+                                               RankMetadata* meta, uint32_t epoch, RankMask mask = {}, int k0 = 0) {
+  for (; k0 < top_k; k0 += kIdBatch) {
+    IdT ids[kIdBatch];
+    LoadIdBatch(topk_ids + t * top_k, k0, top_k, ids);
+    AddIdRanks(mask, ids, part, meta, epoch, t * top_k + k0);
   }
   return mask;
 }
