@@ -142,14 +142,17 @@ def test_derived_columns_of_the_quantized_rows():
     fused = {p: dict(s, max_rank=s["max_rank"] / 2) for p, s in case["impls"]["a2a"]["graph"].items()
              if p in ("dispatch", "combine", "pair")}
     pre = {p: dict(s, max_rank=s["max_rank"] / 2) for p, s in fused.items()}
-    case["impls"].update({"fp8-fused": {"graph": fused}, "fp8-pre": {"graph": pre}})
+    nvfp4 = {p: dict(s, max_rank=s["max_rank"] * 4) for p, s in fused.items()}  # twice the bf16 times
+    case["impls"].update({"fp8-fused": {"graph": fused}, "fp8-pre": {"graph": pre}, "nvfp4-fused": {"graph": nvfp4}})
     case["impl_bytes"] = {"fp8-fused": {"dispatch": {"remote": 1e6, "logical": 2e6},
                                         "combine": {"remote": 5e5, "logical": 1e6}}}
     add_derived(case)
     assert case["impls"]["fp8-fused"]["graph"]["gbps"]["dispatch"] == {"remote": 100.0, "logical": 200.0}
     assert case["impls"]["fp8-pre"]["graph"]["gbps"]["dispatch"]["remote"] == 400.0  # the case's bytes
     assert case["summary"]["fp8-fused_dispatch_over_pre_graph"] == 2.0
-    assert case["summary"]["fp8_combine_speedup_graph"] == 2.0
+    assert case["summary"]["fp8-fused_combine_speedup_graph"] == 2.0
+    assert case["summary"]["nvfp4-fused_combine_speedup_graph"] == 0.5  # each fused row its own
+    assert "nvfp4-fused_dispatch_over_pre_graph" not in case["summary"]  # no nvfp4-pre row
 
 
 def test_table_json_and_plot(tmp_path):
