@@ -190,12 +190,13 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
 
   // A protocol error from an earlier call leaves peers out of step: do nothing until re-initialized. Only earlier
   // kernels set it (this one does so after every block has passed here), so all blocks agree.
-  if (HasFatalError(meta)) {
+  const KernelStart start = ReadKernelStart(meta, &meta->dispatch_epoch);
+  const uint32_t epoch = start.epoch;
+  if (start.fatal) {
     if (blockIdx.x == 0)
       for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) p.recv_counts[r] = 0;
     return;
   }
-  const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->dispatch_epoch) + 1;
   ExpertPartition part(p.num_experts, ep_size);
   part.FillTable(s_rank_of);  // RouteChunk synchronizes before the first lookup
 

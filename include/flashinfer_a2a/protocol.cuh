@@ -55,6 +55,17 @@ __device__ __forceinline__ bool HasFatalError(const RankMetadata* meta) {
   return IsFatal(*reinterpret_cast<const volatile int32_t*>(&meta->error.code));
 }
 
+// What a kernel reads first: the epoch it runs (one past `counter`, this rank's count of completed calls of its
+// phase) and whether an earlier fatal error stops it. Both loads are issued before either is used.
+struct KernelStart {
+  uint32_t epoch;
+  bool fatal;
+};
+__device__ __forceinline__ KernelStart ReadKernelStart(const RankMetadata* meta, const uint32_t* counter) {
+  const uint32_t epoch = *reinterpret_cast<const volatile uint32_t*>(counter) + 1;
+  return {epoch, HasFatalError(meta)};
+}
+
 // Set of ranks (bit r = rank r), enough words for kMaxRanks.
 constexpr int kRankMaskWords = (kMaxRanks + 31) / 32;
 // Words are picked with selects, never indexed at run time, so a mask stays in registers.
