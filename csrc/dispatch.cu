@@ -3,6 +3,7 @@
 
 #include <flashinfer_a2a/dispatch.cuh>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels.h"
@@ -118,6 +119,13 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
     params.row_bytes[p] = rows[p];
     params.recv_offset[p] = regions.offsets[quantize && p > 0 ? p + 1 : p];  // values and scales come first
     params.vec_bytes[p] = VecBytesFor(rows[p], reinterpret_cast<uintptr_t>(params.payload[p]), kAlignBytes);
+    const int64_t row_vectors = rows[p] / params.vec_bytes[p];
+    if (!(quantize && p == 0) && row_vectors > 0 && row_vectors < 32) {  // small: a group of rows per warp
+      params.small_payload[params.num_small] = p;
+      params.small_group[params.num_small++] =
+          static_cast<int32_t>(std::min<int64_t>(32, kSmallGroupVectors / row_vectors));
+      continue;
+    }
     const int64_t piece_bytes = 32 * kDispatchPieceVectors * params.vec_bytes[p];
     const int64_t pieces = quantize && p == 0 ? (quant.hidden + kQuantPieceElems - 1) / kQuantPieceElems
                                               : (rows[p] + piece_bytes - 1) / piece_bytes;

@@ -5,7 +5,9 @@
 //     r. Each block owns a contiguous chunk of tokens and counts the tokens before it itself (no block waits on
 //     another, so nothing depends on the order blocks are scheduled in), then ranks its own chunk with ballots.
 //     The (rank, slot) list of each token goes into the routing record for combine.
-//  2. copy: warps copy row pieces, loading each source vector once and storing it to every target rank.
+//  2. copy: warps copy row pieces, loading each source vector once and storing it to every target rank. Rows
+//     smaller than one warp store (the top-k ids and weights, block scales) go a group of tokens per warp, so
+//     that consecutive slots of a target are written by one store instruction instead of a short write each.
 //  3. the last block to finish (by a completion counter, not by block index) publishes to every peer the token
 //     count with a system-scope release, then waits — bounded — for every peer's count for this epoch.
 // Only one block per rank ever spins, so ranks simulated on one GPU (each on its own stream) cannot starve each
@@ -24,6 +26,7 @@ namespace flashinfer_a2a {
 constexpr int kDispatchThreads = 512;
 constexpr int kDispatchWarps = kDispatchThreads / 32;
 constexpr int kDispatchPieceVectors = 4;  // vectors per lane per piece: 4 independent 16-byte loads in flight
+constexpr int kSmallGroupVectors = 64;  // vectors of one group of small rows: two loads in flight per lane
 
 struct DispatchParams {
   Ranks ranks;
@@ -39,7 +42,11 @@ struct DispatchParams {
   int64_t row_bytes[kMaxPayloads];
   int64_t recv_offset[kMaxPayloads];  // receive region of payload p within every rank's workspace
   int32_t vec_bytes[kMaxPayloads];
-  int32_t pieces[kMaxPayloads];       // ceil(row_bytes / (32 * kDispatchPieceVectors * vec_bytes))
+  int32_t pieces[kMaxPayloads];       // ceil(row_bytes / (32 * kDispatchPieceVectors * vec_bytes)); 0 when small
+  // Small payloads (rows under one warp store, 32 * vec_bytes) are copied a group of tokens at a time.
+  int32_t num_small;
+  int32_t small_payload[kMaxPayloads];  // their indices
+  int32_t small_group[kMaxPayloads];    // tokens per group: at most kSmallGroupVectors vectors
   DispatchQuant quant;  // format kNone: every payload is copied; otherwise payload 0 is quantized (its pieces are
                         // kQuantPieceElems elements; row_bytes and recv_offset of payload 0 are unused)
   int64_t routing_offset;
@@ -100,6 +107,52 @@ __device__ __forceinline__ void DispatchCopyPiece(const DispatchParams& p, int p
   }
 }
 
+// Copies the rows of small payload pp of tokens [t, t + count) (count * vectors per row <= kSmallGroupVectors).
+// Consecutive lanes take consecutive vectors of consecutive tokens, whose rows land in consecutive slots of a target
+// rank whenever the tokens all go there: a warp's stores then cover whole lines instead of each token's row being
+// a short write of its own.
+template <int kVec>
+__device__ __forceinline__ void CopySmallRows(const DispatchParams& p, const int32_t* routing, int pp, int64_t t,
+                                              int count, int lane) {
+  using Vec = typename VecOf<kVec>::Type;
+  constexpr int kPerLane = kSmallGroupVectors / 32;
+  const int64_t row = p.row_bytes[pp];
+  const int row_vectors = static_cast<int>(row / kVec);
+  const int vectors = count * row_vectors;
+  const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
+  Vec v[kPerLane];
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int i = lane + 32 * u;
+    if (i < vectors) v[u] = reinterpret_cast<const Vec*>(p.payload[pp] + t * row)[i];  // the rows are contiguous
+  }
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int i = lane + 32 * u;
+    if (i >= vectors) break;
+    const int64_t token = t + i / row_vectors;
+    const int64_t offset = static_cast<int64_t>(i % row_vectors) * kVec;
+    const int32_t* routes = routing + token * p.route_stride;
+    for (int k = 0; k < p.route_stride; ++k) {
+      const int32_t e = routes[k];
+      if (RouteEnds(e, p.ranks.ep_size, p.runtime_max)) break;
+      uint8_t* dst = p.ranks.Base(RouteRank(e)) + p.recv_offset[pp] + (src_block + RouteSlot(e)) * row + offset;
+      *reinterpret_cast<Vec*>(dst) = v[u];
+    }
+  }
+}
+
+__device__ __forceinline__ void CopySmallRowsAnyWidth(const DispatchParams& p, const int32_t* routing, int pp,
+                                                      int64_t t, int count, int lane) {
+  switch (p.vec_bytes[pp]) {
+    case 16: CopySmallRows<16>(p, routing, pp, t, count, lane); break;
+    case 8: CopySmallRows<8>(p, routing, pp, t, count, lane); break;
+    case 4: CopySmallRows<4>(p, routing, pp, t, count, lane); break;
+    case 2: CopySmallRows<2>(p, routing, pp, t, count, lane); break;
+    default: CopySmallRows<1>(p, routing, pp, t, count, lane); break;
+  }
+}
+
 // Step 1: routing of this block's chunk [t0, t1). Returns, in s_base, the slots used per rank by tokens < t1.
 template <typename IdT>
 __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const ExpertPartition& part, uint32_t epoch,
@@ -114,7 +167,7 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   // Tokens before the chunk: per-warp counts only, order-free. Each thread takes kScanTokens tokens at a time and
   // loads all their ids before counting (the last block scans nearly every token). Invalid ids are reported by the
   // chunk owning them.
-  constexpr int kScanTokens = sizeof(IdT) == 4 ? 4 : 1;
+  constexpr int kScanTokens = sizeof(IdT) == 4 ? 2 : 1;
   for (int r = lane; r < ep_size; r += 32) s_warp[warp][r] = 0;
   __syncthreads();  // also publishes the partition's rank table
   for (int tile = 0; tile < t0; tile += kScanTokens * kDispatchThreads) {
@@ -212,15 +265,26 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t* routing =
       reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
-  const int items = (t1 - t0) * p.pieces_per_token;
+  // Items: a piece of one token's row of a large payload, then a group of tokens' rows of a small one.
+  const int tokens = t1 - t0;
+  const int piece_items = tokens * p.pieces_per_token;
+  int items = piece_items;
+  for (int s = 0; s < p.num_small; ++s) items += (tokens + p.small_group[s] - 1) / p.small_group[s];
   for (int item = warp; item < items; item += kDispatchWarps) {
-    const int64_t t = t0 + item / p.pieces_per_token;
-    int piece = item % p.pieces_per_token;
-    int pp = 0;
-    while (piece >= p.pieces[pp]) piece -= p.pieces[pp++];
-    const int32_t entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
-    const int num_targets = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
-    DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane);
+    if (item < piece_items) {
+      const int64_t t = t0 + item / p.pieces_per_token;
+      int piece = item % p.pieces_per_token;
+      int pp = 0;
+      while (piece >= p.pieces[pp]) piece -= p.pieces[pp++];  // small payloads have no pieces
+      const int32_t entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
+      const int num_targets = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
+      DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane);
+      continue;
+    }
+    int group = item - piece_items, s = 0;
+    for (int groups; group >= (groups = (tokens + p.small_group[s] - 1) / p.small_group[s]); ++s) group -= groups;
+    const int t = t0 + group * p.small_group[s];
+    CopySmallRowsAnyWidth(p, routing, p.small_payload[s], t, min(p.small_group[s], t1 - t), lane);
   }
 
   // Step 3: the last block publishes counts and waits for every peer's.

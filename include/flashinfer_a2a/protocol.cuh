@@ -160,12 +160,16 @@ __device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, i
 __device__ __forceinline__ int RouteRank(int32_t entry) { return entry >> kRouteSlotBits; }
 __device__ __forceinline__ int32_t RouteSlot(int32_t entry) { return entry & ((1 << kRouteSlotBits) - 1); }
 
-// Number of routing entries of a token, with lane k holding entry k (-1 for lanes past the record's width). The
-// list ends at the first -1 (entries after it are left over from earlier dispatches) or at an entry that cannot
-// come from a dispatch of this shape: a combine without its dispatch reads nothing outside the workspaces.
+// A token's routing entries end at the first -1 (entries after it are left over from earlier dispatches) or at an
+// entry that cannot come from a dispatch of this shape: a combine without its dispatch reads nothing outside the
+// workspaces.
+__device__ __forceinline__ bool RouteEnds(int32_t entry, int ep_size, int runtime_max) {
+  return entry < 0 || RouteRank(entry) >= ep_size || RouteSlot(entry) >= runtime_max;
+}
+
+// Number of routing entries of a token, with lane k holding entry k (-1 for lanes past the record's width).
 __device__ __forceinline__ int CountRoutes(int32_t entry, int ep_size, int runtime_max) {
-  const bool ends = entry < 0 || RouteRank(entry) >= ep_size || RouteSlot(entry) >= runtime_max;
-  const uint32_t ended = __ballot_sync(0xffffffffu, ends);
+  const uint32_t ended = __ballot_sync(0xffffffffu, RouteEnds(entry, ep_size, runtime_max));
   return ended == 0 ? 32 : __ffs(ended) - 1;
 }
 
