@@ -183,7 +183,9 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
       const int t = tile + u * kDispatchThreads + threadIdx.x;
       mask[u] = {};
       AddIdRanks(mask[u], first[u], part, nullptr, epoch, 0);
-      if (t < t0 && p.top_k > kIdBatch) mask[u] = TokenRanks(ids, t, p.top_k, part, nullptr, epoch, mask[u], kIdBatch);
+      if (t < t0 && p.top_k > kIdBatch) {
+        mask[u] = TokenRanks(ids, t, p.top_k, part, nullptr, epoch, mask[u], kIdBatch);
+      }
     }
     for (int r = 0; r < ep_size; ++r) {
       int count = 0;
@@ -192,6 +194,14 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
       if (lane == 0) s_warp[warp][r] += count;
     }
   }
+  __syncthreads();
+  for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
+    int32_t sum = 0;
+    for (int w = 0; w < kDispatchWarps; ++w) sum += s_warp[w][r];
+    s_base[r] = sum;
+  }
+  __syncthreads();
+
   // The chunk, one token per thread per tile: slot = base + earlier warps' count + earlier lanes' count.
   for (int tile = t0; tile < t1; tile += kDispatchThreads) {
     const int t = tile + threadIdx.x;
