@@ -1,7 +1,7 @@
 """The shortcuts of include/flashinfer_a2a/quant.cuh are exact: tests/quant_identities.c checks the FP8 block
 quotient (reciprocal and one correction) for every bf16 and fp16 input pair and 10^8 random fp32 pairs, and
 Hopper's E2M1 rounding for all 2^32 fp32 inputs, against the reference's definitions. The four checks run as
-parallel processes (about 40 s on two cores); tests/gpu/test_quant_conversions.py runs the device code itself."""
+parallel processes (about a minute on two cores); tests/gpu/test_quant_conversions.py runs the device code itself."""
 
 from __future__ import annotations
 
