@@ -28,14 +28,6 @@
 
 namespace flashinfer_a2a {
 
-template <int kVec>
-__device__ __forceinline__ void CopyRow(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
-  using Vec = typename VecOf<kVec>::Type;
-  for (int64_t off = lane * kVec; off < bytes; off += 32 * kVec) {
-    *reinterpret_cast<Vec*>(dst + off) = *reinterpret_cast<const Vec*>(src + off);
-  }
-}
-
 __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src, int64_t bytes, int vec, int lane) {
   switch (vec) {
     case 16: CopyRow<16>(dst, src, bytes, lane); break;

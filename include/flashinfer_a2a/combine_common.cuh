@@ -1,5 +1,5 @@
-// What the combine kernels share: their parameters, the epoch handshake with the peers, the routing preamble of a
-// token's sum and the sum of plain (unquantized) rows (see combine.cuh for the kernels).
+// What the combine kernels share: their parameters, a warp's row copy, the epoch handshake with the peers, the
+// routing preamble of a token's sum and the sum of plain (unquantized) rows (see combine.cuh for the kernels).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -48,6 +48,28 @@ __device__ __forceinline__ const uint8_t* OwnPartials(const CombineParams& p) {
 __device__ __forceinline__ uint8_t* LandingRow(const CombineParams& p, int owner, int src, int64_t slot,
                                                int64_t row_bytes) {
   return p.ranks.Base(owner) + p.landing_offset + (static_cast<int64_t>(src) * p.runtime_max + slot) * row_bytes;
+}
+
+// One warp copies a row of `bytes` (a multiple of kVec), kVec bytes a lane, with kBatch loads in flight before
+// their stores: the publish kernel's copy into the combine region and the pushed combine's rows.
+template <int kVec>
+__device__ __forceinline__ void CopyRow(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  using Vec = typename VecOf<kVec>::Type;
+  constexpr int kBatch = 4;
+  const int64_t n = bytes / kVec;
+  const Vec* in = reinterpret_cast<const Vec*>(src);
+  Vec* out = reinterpret_cast<Vec*>(dst);
+  for (int64_t i0 = lane; i0 < n; i0 += 32 * kBatch) {
+    Vec v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (i0 + 32 * j < n) v[j] = in[i0 + 32 * j];
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (i0 + 32 * j < n) out[i0 + 32 * j] = v[j];
+    }
+  }
 }
 
 // Tells every peer that this rank's combine input for `epoch` is in place (the block's threads share the stores).

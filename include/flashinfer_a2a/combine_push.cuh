@@ -40,22 +40,7 @@ struct PlainWire {
   }
 
   __device__ static void Push(const CombineParams& p, uint8_t* dst, const uint8_t* src, int lane) {
-    using Vec = typename VecOf<kVec>::Type;
-    constexpr int kBatch = 4;  // loads in flight before the stores
-    const int64_t n = p.row_bytes / kVec;
-    const Vec* in = reinterpret_cast<const Vec*>(src);
-    Vec* out = reinterpret_cast<Vec*>(dst);
-    for (int64_t i0 = lane; i0 < n; i0 += 32 * kBatch) {
-      Vec v[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (i0 + 32 * j < n) v[j] = in[i0 + 32 * j];
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (i0 + 32 * j < n) out[i0 + 32 * j] = v[j];
-      }
-    }
+    CopyRow<kVec>(dst, src, p.row_bytes, lane);
   }
 
   __device__ static void Sum(const CombineParams& p, int64_t t, int chunk, int32_t entry, int num_sources, int lane) {
