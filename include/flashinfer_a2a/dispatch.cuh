@@ -28,6 +28,12 @@ constexpr int kDispatchWarps = kDispatchThreads / 32;
 constexpr int kDispatchPieceVectors = 4;  // vectors per lane per piece: 4 independent 16-byte loads in flight
 constexpr int kSmallGroupVectors = 64;  // vectors of one group of small rows: two loads in flight per lane
 
+// Small rows are copied in vectors of 16, 4 or 1 bytes (a width dividing the row and its alignment): every kernel
+// variant more is code that short calls pay to fetch.
+__host__ __device__ constexpr int32_t SmallVecBytes(int32_t vec_bytes) {
+  return vec_bytes >= 16 ? 16 : vec_bytes >= 4 ? 4 : 1;
+}
+
 struct DispatchParams {
   Ranks ranks;
   int32_t num_tokens;   // local tokens, <= runtime_max
@@ -144,11 +150,9 @@ __device__ __forceinline__ void CopySmallRows(const DispatchParams& p, const int
 
 __device__ __forceinline__ void CopySmallRowsAnyWidth(const DispatchParams& p, const int32_t* routing, int pp,
                                                       int64_t t, int count, int lane) {
-  switch (p.vec_bytes[pp]) {
+  switch (p.vec_bytes[pp]) {  // SmallVecBytes: 16, 4 or 1
     case 16: CopySmallRows<16>(p, routing, pp, t, count, lane); break;
-    case 8: CopySmallRows<8>(p, routing, pp, t, count, lane); break;
     case 4: CopySmallRows<4>(p, routing, pp, t, count, lane); break;
-    case 2: CopySmallRows<2>(p, routing, pp, t, count, lane); break;
     default: CopySmallRows<1>(p, routing, pp, t, count, lane); break;
   }
 }
@@ -164,34 +168,16 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   RankMetadata* meta = p.ranks.MyMeta();
   int32_t* routing = reinterpret_cast<int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
 
-  // Tokens before the chunk: per-warp counts only, order-free. Each thread takes kScanTokens tokens at a time and
-  // loads all their ids before counting (the last block scans nearly every token). Invalid ids are reported by the
-  // chunk owning them.
-  constexpr int kScanTokens = sizeof(IdT) == 4 ? 2 : 1;
+  // Tokens before the chunk: per-warp counts only, order-free. Invalid ids are reported by the chunk owning them.
   for (int r = lane; r < ep_size; r += 32) s_warp[warp][r] = 0;
   __syncthreads();  // also publishes the partition's rank table
-  for (int tile = 0; tile < t0; tile += kScanTokens * kDispatchThreads) {
-    IdT first[kScanTokens][kIdBatch];
-#pragma unroll
-    for (int u = 0; u < kScanTokens; ++u) {
-      const int t = tile + u * kDispatchThreads + threadIdx.x;
-      LoadIdBatch(ids + static_cast<int64_t>(t) * p.top_k, 0, t < t0 ? p.top_k : 0, first[u]);
-    }
-    RankMask mask[kScanTokens];
-#pragma unroll
-    for (int u = 0; u < kScanTokens; ++u) {
-      const int t = tile + u * kDispatchThreads + threadIdx.x;
-      mask[u] = {};
-      AddIdRanks(mask[u], first[u], part, nullptr, epoch, 0);
-      if (t < t0 && p.top_k > kIdBatch) {
-        mask[u] = TokenRanks(ids, t, p.top_k, part, nullptr, epoch, mask[u], kIdBatch);
-      }
-    }
+  for (int tile = 0; tile < t0; tile += kDispatchThreads) {
+    const int t = tile + threadIdx.x;
+    RankMask mask = {};
+    if (t < t0) mask = TokenRanks(ids, t, p.top_k, part, nullptr, epoch);
     for (int r = 0; r < ep_size; ++r) {
-      int count = 0;
-#pragma unroll
-      for (int u = 0; u < kScanTokens; ++u) count += __popc(__ballot_sync(0xffffffffu, mask[u].Has(r)));
-      if (lane == 0) s_warp[warp][r] += count;
+      const uint32_t bal = __ballot_sync(0xffffffffu, mask.Has(r));
+      if (lane == 0) s_warp[warp][r] += __popc(bal);
     }
   }
   __syncthreads();

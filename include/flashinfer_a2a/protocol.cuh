@@ -34,8 +34,9 @@ __host__ __device__ constexpr bool IsFatal(int32_t code) {
 
 // Records the first error on this rank, except that a fatal error replaces a non-fatal one: the record then names
 // what stopped the ranks.
-__device__ inline void RecordError(RankMetadata* meta, ErrorCode code, Phase phase, int peer, uint32_t epoch,
-                                   int64_t detail) {
+// Out of line: kernels call it only on error paths, whose code would otherwise sit inline in their hot loops.
+__device__ __noinline__ void RecordError(RankMetadata* meta, ErrorCode code, Phase phase, int peer, uint32_t epoch,
+                                        int64_t detail) {
   const int32_t wanted = static_cast<int32_t>(code);
   int32_t seen = 0;
   while (true) {
@@ -116,43 +117,36 @@ struct ExpertPartition {
 };
 static_assert(kMaxRanks <= 256, "ExpertPartition's table holds ranks as bytes");
 
-// Top-k ids are read kIdBatch at a time, every load issued before the first is used: one memory latency per batch
-// (per token for top_k <= 8) instead of one per id.
+// Top-k ids are read kIdBatch at a time, every load of a batch issued before the first is used: one memory latency
+// per batch (per token for top_k <= 8) instead of one per id.
 constexpr int kIdBatch = 8;
 
-// Ids k0..k0+kIdBatch-1 of a top-k row; -1 (no expert) past top_k, which is never read.
-template <typename IdT>
-__device__ __forceinline__ void LoadIdBatch(const IdT* row, int k0, int top_k, IdT (&ids)[kIdBatch]) {
-#pragma unroll
-  for (int i = 0; i < kIdBatch; ++i) ids[i] = k0 + i < top_k ? row[k0 + i] : IdT(-1);
-}
-
-// Adds the ranks owning a batch of ids to `mask`. An id outside [-1, num_experts) is recorded as an error against
-// this rank (unless meta is null; `index0` is the flat index of ids[0] in topk_ids) and skipped: it is never routed
-// anywhere.
-template <typename IdT>
-__device__ __forceinline__ void AddIdRanks(RankMask& mask, const IdT (&ids)[kIdBatch], const ExpertPartition& part,
-                                           RankMetadata* meta, uint32_t epoch, int64_t index0) {
-#pragma unroll
-  for (int i = 0; i < kIdBatch; ++i) {
-    const int64_t id = static_cast<int64_t>(ids[i]);
-    if (id == -1) continue;
-    if (id < -1 || id >= part.num_experts) {
-      if (meta != nullptr) RecordError(meta, ErrorCode::kInvalidExpertId, Phase::kDispatch, -1, epoch, index0 + i);
-      continue;
-    }
-    mask.Add(part.RankOf(static_cast<int>(id)));
-  }
-}
-
-// The distinct ranks of token t's top-k experts, ids from batch `k0` on (the earlier ones already in `mask`).
+// The distinct ranks of token t's top-k experts. An id outside [-1, num_experts) is skipped: it is never routed
+// anywhere. Unless meta is null, the token's first such id is recorded as an error against this rank (one call site:
+// the error path stays out of the routing loop's code).
 template <typename IdT>
 __device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, int top_k, const ExpertPartition& part,
-                                               RankMetadata* meta, uint32_t epoch, RankMask mask = {}, int k0 = 0) {
-  for (; k0 < top_k; k0 += kIdBatch) {
+                                               RankMetadata* meta, uint32_t epoch) {
+  RankMask mask = {};
+  const IdT* row = topk_ids + t * top_k;
+  int invalid = top_k;  // index of the first invalid id
+  for (int k0 = 0; k0 < top_k; k0 += kIdBatch) {
     IdT ids[kIdBatch];
-    LoadIdBatch(topk_ids + t * top_k, k0, top_k, ids);
-    AddIdRanks(mask, ids, part, meta, epoch, t * top_k + k0);
+#pragma unroll
+    for (int i = 0; i < kIdBatch; ++i) ids[i] = k0 + i < top_k ? row[k0 + i] : IdT(-1);
+#pragma unroll
+    for (int i = 0; i < kIdBatch; ++i) {
+      const int64_t id = static_cast<int64_t>(ids[i]);
+      if (id == -1) continue;
+      if (id < -1 || id >= part.num_experts) {
+        invalid = min(invalid, k0 + i);
+        continue;
+      }
+      mask.Add(part.RankOf(static_cast<int>(id)));
+    }
+  }
+  if (invalid < top_k && meta != nullptr) {
+    RecordError(meta, ErrorCode::kInvalidExpertId, Phase::kDispatch, -1, epoch, t * top_k + invalid);
   }
   return mask;
 }
