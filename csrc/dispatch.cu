@@ -118,10 +118,10 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
     params.payload[p] = static_cast<const uint8_t*>(BytePtr(TensorView(payloads[p])));
     params.row_bytes[p] = rows[p];
     params.recv_offset[p] = regions.offsets[quantize && p > 0 ? p + 1 : p];  // values and scales come first
-    params.vec_bytes[p] = VecBytesFor(rows[p], reinterpret_cast<uintptr_t>(params.payload[p]), kAlignBytes);
+    params.vec_bytes[p] =
+        CopyVecBytes(VecBytesFor(rows[p], reinterpret_cast<uintptr_t>(params.payload[p]), kAlignBytes));
     const bool small = !(quantize && p == 0) && rows[p] > 0 && rows[p] < 32 * params.vec_bytes[p];
-    if (small) {  // a group of rows per warp, at most kSmallGroupVectors (64) vectors in a row
-      params.vec_bytes[p] = SmallVecBytes(params.vec_bytes[p]);
+    if (small) {  // a group of rows per warp: a row is under one warp store (32 vectors)
       const int64_t row_vectors = rows[p] / params.vec_bytes[p];
       params.small_payload[params.num_small] = p;
       params.small_group[params.num_small++] =

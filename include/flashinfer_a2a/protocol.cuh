@@ -35,8 +35,8 @@ __host__ __device__ constexpr bool IsFatal(int32_t code) {
 // Records the first error on this rank, except that a fatal error replaces a non-fatal one: the record then names
 // what stopped the ranks.
 // Out of line: kernels call it only on error paths, whose code would otherwise sit inline in their hot loops.
-__device__ __noinline__ void RecordError(RankMetadata* meta, ErrorCode code, Phase phase, int peer, uint32_t epoch,
-                                        int64_t detail) {
+__device__ inline __noinline__ void RecordError(RankMetadata* meta, ErrorCode code, Phase phase, int peer,
+                                                uint32_t epoch, int64_t detail) {
   const int32_t wanted = static_cast<int32_t>(code);
   int32_t seen = 0;
   while (true) {
