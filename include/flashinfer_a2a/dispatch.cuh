@@ -28,6 +28,9 @@ constexpr int kDispatchWarps = kDispatchThreads / 32;
 constexpr int kDispatchPieceVectors = 4;  // vectors per lane per piece: 4 independent 16-byte loads in flight
 constexpr int kSmallGroupVectors = 64;  // vectors of one group of small rows: two loads in flight per lane
 constexpr int kRouteBatch = 4;          // routing entries a lane of a small-row copy loads at once
+// Small rows are grouped only where blocks own this many tokens or more: with fewer, a group is barely wider than
+// one row, and the per-token copy is quicker (h200, one rank, one token: 8.4 us against 9.0 us).
+constexpr int kSmallGroupMinTokens = 4;
 
 // Rows are copied in vectors of 16, 4 or 1 bytes (the widest dividing the row and its alignment; 8 and 2 round down):
 // every copy variant more is code that short calls pay to fetch.
@@ -328,10 +331,14 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
   }
 }
 
+// Tokens per block of a dispatch of num_tokens (the last block may own fewer).
+inline int DispatchChunk(int num_tokens, int num_sms) {
+  return num_tokens > num_sms ? (num_tokens + num_sms - 1) / num_sms : 1;
+}
 // Blocks for a dispatch of num_tokens: one chunk per multiprocessor at most, never an empty last chunk.
 inline int DispatchGridSize(int num_tokens, int num_sms) {
   if (num_tokens <= 0) return 1;
-  const int chunk = (num_tokens + num_sms - 1) / num_sms;
+  const int chunk = DispatchChunk(num_tokens, num_sms);
   return (num_tokens + chunk - 1) / chunk;
 }
 

@@ -34,9 +34,8 @@ __host__ __device__ constexpr bool IsFatal(int32_t code) {
 
 // Records the first error on this rank, except that a fatal error replaces a non-fatal one: the record then names
 // what stopped the ranks.
-// Out of line: kernels call it only on error paths, whose code would otherwise sit inline in their hot loops.
-__device__ inline __noinline__ void RecordError(RankMetadata* meta, ErrorCode code, Phase phase, int peer,
-                                                uint32_t epoch, int64_t detail) {
+__device__ inline void RecordError(RankMetadata* meta, ErrorCode code, Phase phase, int peer, uint32_t epoch,
+                                   int64_t detail) {
   const int32_t wanted = static_cast<int32_t>(code);
   int32_t seen = 0;
   while (true) {
@@ -117,36 +116,21 @@ struct ExpertPartition {
 };
 static_assert(kMaxRanks <= 256, "ExpertPartition's table holds ranks as bytes");
 
-// Top-k ids are read kIdBatch at a time, every load of a batch issued before the first is used: one memory latency
-// per batch (per token for top_k <= 8) instead of one per id.
-constexpr int kIdBatch = 8;
-
-// The distinct ranks of token t's top-k experts. An id outside [-1, num_experts) is skipped: it is never routed
-// anywhere. Unless meta is null, the token's first such id is recorded as an error against this rank (one call site:
-// the error path stays out of the routing loop's code).
+// The distinct ranks of token t's top-k experts. An id outside [-1, num_experts) is recorded as an error against
+// this rank (unless meta is null) and skipped: it is never routed anywhere.
 template <typename IdT>
 __device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, int top_k, const ExpertPartition& part,
                                                RankMetadata* meta, uint32_t epoch) {
   RankMask mask = {};
-  const IdT* row = topk_ids + t * top_k;
-  int invalid = top_k;  // index of the first invalid id
-  for (int k0 = 0; k0 < top_k; k0 += kIdBatch) {
-    IdT ids[kIdBatch];
-#pragma unroll
-    for (int i = 0; i < kIdBatch; ++i) ids[i] = k0 + i < top_k ? row[k0 + i] : IdT(-1);
-#pragma unroll
-    for (int i = 0; i < kIdBatch; ++i) {
-      const int64_t id = static_cast<int64_t>(ids[i]);
-      if (id == -1) continue;
-      if (id < -1 || id >= part.num_experts) {
-        invalid = min(invalid, k0 + i);
-        continue;
-      }
-      mask.Add(part.RankOf(static_cast<int>(id)));
+  for (int k = 0; k < top_k; ++k) {
+    const int64_t id = static_cast<int64_t>(topk_ids[t * top_k + k]);
+    if (id == -1) continue;
+    if (id < -1 || id >= part.num_experts) {
+      if (meta != nullptr) RecordError(meta, ErrorCode::kInvalidExpertId, Phase::kDispatch, -1, epoch, t * top_k + k);
+      continue;
     }
-  }
-  if (invalid < top_k && meta != nullptr) {
-    RecordError(meta, ErrorCode::kInvalidExpertId, Phase::kDispatch, -1, epoch, t * top_k + invalid);
+    const int r = part.RankOf(static_cast<int>(id));
+    mask.Add(r);
   }
   return mask;
 }
