@@ -239,8 +239,9 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
 }
 
 // F: the format payload 0 is quantized into (kNone: every payload copied). One kernel per format, so the plain
-// copy keeps its registers free of the quantizing paths'.
-template <typename IdT, QuantFormat F>
+// copy keeps its registers free of the quantizing paths'. kGroupSmall: small payloads are copied in groups of tokens
+// (num_small > 0); the kernel without it is the one short calls run, with none of that code to fetch.
+template <typename IdT, QuantFormat F, bool kGroupSmall>
 __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __grid_constant__ DispatchParams p) {
   __shared__ uint8_t s_rank_of[kRankTableExperts];
   __shared__ int32_t s_base[kMaxRanks];
@@ -277,9 +278,11 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
   const int tokens = t1 - t0;
   const int piece_items = tokens * p.pieces_per_token;
   int items = piece_items;
-  for (int s = 0; s < p.num_small; ++s) items += (tokens + p.small_group[s] - 1) / p.small_group[s];
+  if constexpr (kGroupSmall) {
+    for (int s = 0; s < p.num_small; ++s) items += (tokens + p.small_group[s] - 1) / p.small_group[s];
+  }
   for (int item = warp; item < items; item += kDispatchWarps) {
-    if (item < piece_items) {
+    if (!kGroupSmall || item < piece_items) {
       const int64_t t = t0 + item / p.pieces_per_token;
       int piece = item % p.pieces_per_token;
       int pp = 0;
@@ -289,10 +292,12 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
       DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane);
       continue;
     }
-    int group = item - piece_items, s = 0;
-    for (int groups; group >= (groups = (tokens + p.small_group[s] - 1) / p.small_group[s]); ++s) group -= groups;
-    const int t = t0 + group * p.small_group[s];
-    CopySmallRowsAnyWidth(p, routing, p.small_payload[s], t, min(p.small_group[s], t1 - t), lane);
+    if constexpr (kGroupSmall) {
+      int group = item - piece_items, s = 0;
+      for (int groups; group >= (groups = (tokens + p.small_group[s] - 1) / p.small_group[s]); ++s) group -= groups;
+      const int t = t0 + group * p.small_group[s];
+      CopySmallRowsAnyWidth(p, routing, p.small_payload[s], t, min(p.small_group[s], t1 - t), lane);
+    }
   }
 
   // Step 3: the last block publishes counts and waits for every peer's.
@@ -342,25 +347,28 @@ inline int DispatchGridSize(int num_tokens, int num_sms) {
   return (num_tokens + chunk - 1) / chunk;
 }
 
-template <typename IdT>
+template <typename IdT, bool kGroupSmall>
 struct DispatchKernelOf {
   static auto Get(QuantFormat f) {
     switch (f) {
-      case QuantFormat::kFp8Block: return DispatchKernel<IdT, QuantFormat::kFp8Block>;
-      case QuantFormat::kMxfp8: return DispatchKernel<IdT, QuantFormat::kMxfp8>;
-      case QuantFormat::kNvfp4: return DispatchKernel<IdT, QuantFormat::kNvfp4>;
-      default: return DispatchKernel<IdT, QuantFormat::kNone>;
+      case QuantFormat::kFp8Block: return DispatchKernel<IdT, QuantFormat::kFp8Block, kGroupSmall>;
+      case QuantFormat::kMxfp8: return DispatchKernel<IdT, QuantFormat::kMxfp8, kGroupSmall>;
+      case QuantFormat::kNvfp4: return DispatchKernel<IdT, QuantFormat::kNvfp4, kGroupSmall>;
+      default: return DispatchKernel<IdT, QuantFormat::kNone, kGroupSmall>;
     }
   }
 };
 
+template <bool kGroupSmall>
+auto DispatchKernelFor(bool ids_int64, QuantFormat f) {
+  return ids_int64 ? DispatchKernelOf<int64_t, kGroupSmall>::Get(f) : DispatchKernelOf<int32_t, kGroupSmall>::Get(f);
+}
+
 inline cudaError_t LaunchDispatch(const DispatchParams& p, bool ids_int64, int num_sms, cudaStream_t stream) {
   const int blocks = DispatchGridSize(p.num_tokens, num_sms);
-  if (ids_int64) {
-    DispatchKernelOf<int64_t>::Get(p.quant.format)<<<blocks, kDispatchThreads, 0, stream>>>(p);
-  } else {
-    DispatchKernelOf<int32_t>::Get(p.quant.format)<<<blocks, kDispatchThreads, 0, stream>>>(p);
-  }
+  const auto kernel = p.num_small > 0 ? DispatchKernelFor<true>(ids_int64, p.quant.format)
+                                      : DispatchKernelFor<false>(ids_int64, p.quant.format);
+  kernel<<<blocks, kDispatchThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -368,8 +376,10 @@ inline cudaError_t GetDispatchKernelAttributes() {
   cudaFuncAttributes attr;
   cudaError_t err = cudaSuccess;
   for (QuantFormat f : {QuantFormat::kNone, QuantFormat::kFp8Block, QuantFormat::kMxfp8, QuantFormat::kNvfp4}) {
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelOf<int32_t>::Get(f));
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelOf<int64_t>::Get(f));
+    for (bool ids_int64 : {false, true}) {
+      if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelFor<false>(ids_int64, f));
+      if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelFor<true>(ids_int64, f));
+    }
   }
   return err;
 }
