@@ -27,7 +27,6 @@ constexpr int kDispatchThreads = 512;
 constexpr int kDispatchWarps = kDispatchThreads / 32;
 constexpr int kDispatchPieceVectors = 4;  // vectors per lane per piece: 4 independent 16-byte loads in flight
 constexpr int kSmallGroupVectors = 64;  // vectors of one group of small rows: two loads in flight per lane
-constexpr int kRouteBatch = 4;          // routing entries a lane of a small-row copy loads at once
 // Small rows are grouped only where blocks own this many tokens or more: with fewer, a group is barely wider than
 // one row, and the per-token copy is quicker (h200, one rank, one token: 8.4 us against 9.0 us).
 constexpr int kSmallGroupMinTokens = 4;
@@ -118,8 +117,7 @@ __device__ __forceinline__ void DispatchCopyPiece(const DispatchParams& p, int p
 // Copies the rows of small payload pp of tokens [t, t + count) (count * vectors per row <= kSmallGroupVectors).
 // Consecutive lanes take consecutive vectors of consecutive tokens, whose rows land in consecutive slots of a target
 // rank whenever the tokens all go there: a warp's stores then cover whole lines instead of each token's row being
-// a short write of its own. Each lane loads its token's first kRouteBatch routing entries with its vectors, so that
-// a token with fewer targets costs one memory latency before the stores, not one per target.
+// a short write of its own.
 template <int kVec>
 __device__ __forceinline__ void CopySmallRows(const DispatchParams& p, const int32_t* routing, int pp, int64_t t,
                                               int count, int lane) {
@@ -130,14 +128,10 @@ __device__ __forceinline__ void CopySmallRows(const DispatchParams& p, const int
   const int vectors = count * row_vectors;
   const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
   Vec v[kPerLane];
-  int32_t first[kPerLane][kRouteBatch];
 #pragma unroll
   for (int u = 0; u < kPerLane; ++u) {
     const int i = lane + 32 * u;
-    const int32_t* routes = routing + (t + i / row_vectors) * p.route_stride;
     if (i < vectors) v[u] = reinterpret_cast<const Vec*>(p.payload[pp] + t * row)[i];  // the rows are contiguous
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) first[u][j] = i < vectors && j < p.route_stride ? routes[j] : -1;
   }
 #pragma unroll
   for (int u = 0; u < kPerLane; ++u) {
@@ -145,18 +139,13 @@ __device__ __forceinline__ void CopySmallRows(const DispatchParams& p, const int
     if (i >= vectors) break;
     const int64_t token = t + i / row_vectors;
     const int64_t offset = static_cast<int64_t>(i % row_vectors) * kVec;
-    bool more = true;  // no end of the token's entries seen yet
-    auto store = [&](int32_t e) {
-      more = !RouteEnds(e, p.ranks.ep_size, p.runtime_max);
-      if (!more) return;
+    const int32_t* routes = routing + token * p.route_stride;
+    for (int k = 0; k < p.route_stride; ++k) {
+      const int32_t e = routes[k];
+      if (RouteEnds(e, p.ranks.ep_size, p.runtime_max)) break;
       uint8_t* dst = p.ranks.Base(RouteRank(e)) + p.recv_offset[pp] + (src_block + RouteSlot(e)) * row + offset;
       *reinterpret_cast<Vec*>(dst) = v[u];
-    };
-#pragma unroll
-    for (int j = 0; j < kRouteBatch; ++j) {
-      if (more) store(first[u][j]);
     }
-    for (int k = kRouteBatch; more && k < p.route_stride; ++k) store(routing[token * p.route_stride + k]);
   }
 }
 
