@@ -41,8 +41,9 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const __grid_constant__ CombineParams p) {
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
-  if (HasFatalError(meta)) return;  // set by earlier kernels only: all blocks agree
-  const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->combine_epoch) + 1;
+  const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
+  const uint32_t epoch = start.epoch;
+  if (start.fatal) return;  // set by earlier kernels only: all blocks agree
 
   if (p.fp8_wire) {
     __shared__ float s_scales[kCombineWarps][kFp8WireMaxCols];
@@ -82,11 +83,12 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFusedKernel(const __gr
   RankMetadata* meta = p.ranks.MyMeta();
   const int64_t first_item = blockIdx.x * kCombineWarps + threadIdx.x / 32;
   const int64_t item_stride = static_cast<int64_t>(gridDim.x) * kCombineWarps;
-  if (HasFatalError(meta)) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
+  const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
+  const uint32_t epoch = start.epoch;
+  if (start.fatal) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
     PullItems<T, kVec>(p, true, first_item, item_stride);
     return;
   }
-  const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->combine_epoch) + 1;
   // Whichever block runs first claims the epoch and publishes it: no block waits for another to be scheduled. The
   // partials were written by earlier kernels: the release covers them.
   __shared__ bool s_publisher;

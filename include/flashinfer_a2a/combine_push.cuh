@@ -89,11 +89,12 @@ template <typename Wire>
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePushKernel(const __grid_constant__ CombineParams p) {
   RankMetadata* meta = p.ranks.MyMeta();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (HasFatalError(meta)) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
+  const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
+  const uint32_t epoch = start.epoch;
+  if (start.fatal) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
     Wire::WriteZeros(p, blockIdx.x * kCombineWarps + warp, static_cast<int64_t>(gridDim.x) * kCombineWarps);
     return;
   }
-  const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->combine_epoch) + 1;
   const int me = p.ranks.ep_rank, peers = p.ranks.ep_size - 1;
   __shared__ bool s_publisher;
   if (threadIdx.x == 0) s_publisher = atomicExch(&meta->combine_published, epoch) != epoch;

@@ -5,7 +5,9 @@
 //     r. Each block owns a contiguous chunk of tokens and counts the tokens before it itself (no block waits on
 //     another, so nothing depends on the order blocks are scheduled in), then ranks its own chunk with ballots.
 //     The (rank, slot) list of each token goes into the routing record for combine.
-//  2. copy: warps copy row pieces, loading each source vector once and storing it to every target rank.
+//  2. copy: warps copy row pieces, loading each source vector once and storing it to every target rank. Rows
+//     smaller than one warp store (the top-k ids and weights, block scales) go a group of tokens per warp, so
+//     that consecutive slots of a target are written by one store instruction instead of a short write each.
 //  3. the last block to finish (by a completion counter, not by block index) publishes to every peer the token
 //     count with a system-scope release, then waits — bounded — for every peer's count for this epoch.
 // Only one block per rank ever spins, so ranks simulated on one GPU (each on its own stream) cannot starve each
@@ -24,6 +26,16 @@ namespace flashinfer_a2a {
 constexpr int kDispatchThreads = 512;
 constexpr int kDispatchWarps = kDispatchThreads / 32;
 constexpr int kDispatchPieceVectors = 4;  // vectors per lane per piece: 4 independent 16-byte loads in flight
+constexpr int kSmallGroupVectors = 64;  // vectors of one group of small rows: two loads in flight per lane
+// Small rows are grouped only where blocks own this many tokens or more: with fewer, a group is barely wider than
+// one row, and the per-token copy is quicker (h200, one rank, one token: 8.4 us against 9.0 us).
+constexpr int kSmallGroupMinTokens = 4;
+
+// Rows are copied in vectors of 16, 4 or 1 bytes (the widest dividing the row and its alignment; 8 and 2 round down):
+// every copy variant more is code that short calls pay to fetch.
+__host__ __device__ constexpr int32_t CopyVecBytes(int32_t vec_bytes) {
+  return vec_bytes >= 16 ? 16 : vec_bytes >= 4 ? 4 : 1;
+}
 
 struct DispatchParams {
   Ranks ranks;
@@ -39,7 +51,11 @@ struct DispatchParams {
   int64_t row_bytes[kMaxPayloads];
   int64_t recv_offset[kMaxPayloads];  // receive region of payload p within every rank's workspace
   int32_t vec_bytes[kMaxPayloads];
-  int32_t pieces[kMaxPayloads];       // ceil(row_bytes / (32 * kDispatchPieceVectors * vec_bytes))
+  int32_t pieces[kMaxPayloads];       // ceil(row_bytes / (32 * kDispatchPieceVectors * vec_bytes)); 0 when small
+  // Small payloads (rows under one warp store, 32 * vec_bytes) are copied a group of tokens at a time.
+  int32_t num_small;
+  int32_t small_payload[kMaxPayloads];  // their indices
+  int32_t small_group[kMaxPayloads];    // tokens per group: at most kSmallGroupVectors vectors
   DispatchQuant quant;  // format kNone: every payload is copied; otherwise payload 0 is quantized (its pieces are
                         // kQuantPieceElems elements; row_bytes and recv_offset of payload 0 are unused)
   int64_t routing_offset;
@@ -91,12 +107,54 @@ __device__ __forceinline__ void DispatchCopyPiece(const DispatchParams& p, int p
       return;
     }
   }
-  switch (p.vec_bytes[pp]) {
+  switch (p.vec_bytes[pp]) {  // CopyVecBytes: 16, 4 or 1
     case 16: CopyPiece<16>(p, pp, piece, t, entry, num_targets, lane); break;
-    case 8: CopyPiece<8>(p, pp, piece, t, entry, num_targets, lane); break;
     case 4: CopyPiece<4>(p, pp, piece, t, entry, num_targets, lane); break;
-    case 2: CopyPiece<2>(p, pp, piece, t, entry, num_targets, lane); break;
     default: CopyPiece<1>(p, pp, piece, t, entry, num_targets, lane); break;
+  }
+}
+
+// Copies the rows of small payload pp of tokens [t, t + count) (count * vectors per row <= kSmallGroupVectors).
+// Consecutive lanes take consecutive vectors of consecutive tokens, whose rows land in consecutive slots of a target
+// rank whenever the tokens all go there: a warp's stores then cover whole lines instead of each token's row being
+// a short write of its own.
+template <int kVec>
+__device__ __forceinline__ void CopySmallRows(const DispatchParams& p, const int32_t* routing, int pp, int64_t t,
+                                              int count, int lane) {
+  using Vec = typename VecOf<kVec>::Type;
+  constexpr int kPerLane = kSmallGroupVectors / 32;
+  const int64_t row = p.row_bytes[pp];
+  const int row_vectors = static_cast<int>(row / kVec);
+  const int vectors = count * row_vectors;
+  const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
+  Vec v[kPerLane];
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int i = lane + 32 * u;
+    if (i < vectors) v[u] = reinterpret_cast<const Vec*>(p.payload[pp] + t * row)[i];  // the rows are contiguous
+  }
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int i = lane + 32 * u;
+    if (i >= vectors) break;
+    const int64_t token = t + i / row_vectors;
+    const int64_t offset = static_cast<int64_t>(i % row_vectors) * kVec;
+    const int32_t* routes = routing + token * p.route_stride;
+    for (int k = 0; k < p.route_stride; ++k) {
+      const int32_t e = routes[k];
+      if (RouteEnds(e, p.ranks.ep_size, p.runtime_max)) break;
+      uint8_t* dst = p.ranks.Base(RouteRank(e)) + p.recv_offset[pp] + (src_block + RouteSlot(e)) * row + offset;
+      *reinterpret_cast<Vec*>(dst) = v[u];
+    }
+  }
+}
+
+__device__ __forceinline__ void CopySmallRowsAnyWidth(const DispatchParams& p, const int32_t* routing, int pp,
+                                                      int64_t t, int count, int lane) {
+  switch (p.vec_bytes[pp]) {  // CopyVecBytes: 16, 4 or 1
+    case 16: CopySmallRows<16>(p, routing, pp, t, count, lane); break;
+    case 4: CopySmallRows<4>(p, routing, pp, t, count, lane); break;
+    default: CopySmallRows<1>(p, routing, pp, t, count, lane); break;
   }
 }
 
@@ -170,8 +228,9 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
 }
 
 // F: the format payload 0 is quantized into (kNone: every payload copied). One kernel per format, so the plain
-// copy keeps its registers free of the quantizing paths'.
-template <typename IdT, QuantFormat F>
+// copy keeps its registers free of the quantizing paths'. kGroupSmall: small payloads are copied in groups of tokens
+// (num_small > 0); the kernel without it is the one short calls run, with none of that code to fetch.
+template <typename IdT, QuantFormat F, bool kGroupSmall>
 __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __grid_constant__ DispatchParams p) {
   __shared__ uint8_t s_rank_of[kRankTableExperts];
   __shared__ int32_t s_base[kMaxRanks];
@@ -182,12 +241,13 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
 
   // A protocol error from an earlier call leaves peers out of step: do nothing until re-initialized. Only earlier
   // kernels set it (this one does so after every block has passed here), so all blocks agree.
-  if (HasFatalError(meta)) {
+  const KernelStart start = ReadKernelStart(meta, &meta->dispatch_epoch);
+  const uint32_t epoch = start.epoch;
+  if (start.fatal) {
     if (blockIdx.x == 0)
       for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) p.recv_counts[r] = 0;
     return;
   }
-  const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(&meta->dispatch_epoch) + 1;
   ExpertPartition part(p.num_experts, ep_size);
   part.FillTable(s_rank_of);  // RouteChunk synchronizes before the first lookup
 
@@ -203,15 +263,30 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t* routing =
       reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
-  const int items = (t1 - t0) * p.pieces_per_token;
+  // Items: a piece of one token's row of a large payload, then a group of tokens' rows of a small one.
+  const int tokens = t1 - t0;
+  const int piece_items = tokens * p.pieces_per_token;
+  int items = piece_items;
+  if constexpr (kGroupSmall) {
+    for (int s = 0; s < p.num_small; ++s) items += (tokens + p.small_group[s] - 1) / p.small_group[s];
+  }
   for (int item = warp; item < items; item += kDispatchWarps) {
-    const int64_t t = t0 + item / p.pieces_per_token;
-    int piece = item % p.pieces_per_token;
-    int pp = 0;
-    while (piece >= p.pieces[pp]) piece -= p.pieces[pp++];
-    const int32_t entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
-    const int num_targets = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
-    DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane);
+    if (!kGroupSmall || item < piece_items) {
+      const int64_t t = t0 + item / p.pieces_per_token;
+      int piece = item % p.pieces_per_token;
+      int pp = 0;
+      while (piece >= p.pieces[pp]) piece -= p.pieces[pp++];  // small payloads have no pieces
+      const int32_t entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
+      const int num_targets = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
+      DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane);
+      continue;
+    }
+    if constexpr (kGroupSmall) {
+      int group = item - piece_items, s = 0;
+      for (int groups; group >= (groups = (tokens + p.small_group[s] - 1) / p.small_group[s]); ++s) group -= groups;
+      const int t = t0 + group * p.small_group[s];
+      CopySmallRowsAnyWidth(p, routing, p.small_payload[s], t, min(p.small_group[s], t1 - t), lane);
+    }
   }
 
   // Step 3: the last block publishes counts and waits for every peer's.
@@ -250,32 +325,39 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
   }
 }
 
+// Tokens per block of a dispatch of num_tokens (the last block may own fewer).
+inline int DispatchChunk(int num_tokens, int num_sms) {
+  return num_tokens > num_sms ? (num_tokens + num_sms - 1) / num_sms : 1;
+}
 // Blocks for a dispatch of num_tokens: one chunk per multiprocessor at most, never an empty last chunk.
 inline int DispatchGridSize(int num_tokens, int num_sms) {
   if (num_tokens <= 0) return 1;
-  const int chunk = (num_tokens + num_sms - 1) / num_sms;
+  const int chunk = DispatchChunk(num_tokens, num_sms);
   return (num_tokens + chunk - 1) / chunk;
 }
 
-template <typename IdT>
+template <typename IdT, bool kGroupSmall>
 struct DispatchKernelOf {
   static auto Get(QuantFormat f) {
     switch (f) {
-      case QuantFormat::kFp8Block: return DispatchKernel<IdT, QuantFormat::kFp8Block>;
-      case QuantFormat::kMxfp8: return DispatchKernel<IdT, QuantFormat::kMxfp8>;
-      case QuantFormat::kNvfp4: return DispatchKernel<IdT, QuantFormat::kNvfp4>;
-      default: return DispatchKernel<IdT, QuantFormat::kNone>;
+      case QuantFormat::kFp8Block: return DispatchKernel<IdT, QuantFormat::kFp8Block, kGroupSmall>;
+      case QuantFormat::kMxfp8: return DispatchKernel<IdT, QuantFormat::kMxfp8, kGroupSmall>;
+      case QuantFormat::kNvfp4: return DispatchKernel<IdT, QuantFormat::kNvfp4, kGroupSmall>;
+      default: return DispatchKernel<IdT, QuantFormat::kNone, kGroupSmall>;
     }
   }
 };
 
+template <bool kGroupSmall>
+auto DispatchKernelFor(bool ids_int64, QuantFormat f) {
+  return ids_int64 ? DispatchKernelOf<int64_t, kGroupSmall>::Get(f) : DispatchKernelOf<int32_t, kGroupSmall>::Get(f);
+}
+
 inline cudaError_t LaunchDispatch(const DispatchParams& p, bool ids_int64, int num_sms, cudaStream_t stream) {
   const int blocks = DispatchGridSize(p.num_tokens, num_sms);
-  if (ids_int64) {
-    DispatchKernelOf<int64_t>::Get(p.quant.format)<<<blocks, kDispatchThreads, 0, stream>>>(p);
-  } else {
-    DispatchKernelOf<int32_t>::Get(p.quant.format)<<<blocks, kDispatchThreads, 0, stream>>>(p);
-  }
+  const auto kernel = p.num_small > 0 ? DispatchKernelFor<true>(ids_int64, p.quant.format)
+                                      : DispatchKernelFor<false>(ids_int64, p.quant.format);
+  kernel<<<blocks, kDispatchThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -283,8 +365,10 @@ inline cudaError_t GetDispatchKernelAttributes() {
   cudaFuncAttributes attr;
   cudaError_t err = cudaSuccess;
   for (QuantFormat f : {QuantFormat::kNone, QuantFormat::kFp8Block, QuantFormat::kMxfp8, QuantFormat::kNvfp4}) {
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelOf<int32_t>::Get(f));
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelOf<int64_t>::Get(f));
+    for (bool ids_int64 : {false, true}) {
+      if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelFor<false>(ids_int64, f));
+      if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelFor<true>(ids_int64, f));
+    }
   }
   return err;
 }

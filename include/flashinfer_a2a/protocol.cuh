@@ -55,6 +55,17 @@ __device__ __forceinline__ bool HasFatalError(const RankMetadata* meta) {
   return IsFatal(*reinterpret_cast<const volatile int32_t*>(&meta->error.code));
 }
 
+// What a kernel reads first: the epoch it runs (one past `counter`, this rank's count of completed calls of its
+// phase) and whether an earlier fatal error stops it. Both loads are issued before either is used.
+struct KernelStart {
+  uint32_t epoch;
+  bool fatal;
+};
+__device__ __forceinline__ KernelStart ReadKernelStart(const RankMetadata* meta, const uint32_t* counter) {
+  const uint32_t epoch = *reinterpret_cast<const volatile uint32_t*>(counter) + 1;
+  return {epoch, HasFatalError(meta)};
+}
+
 // Set of ranks (bit r = rank r), enough words for kMaxRanks.
 constexpr int kRankMaskWords = (kMaxRanks + 31) / 32;
 // Words are picked with selects, never indexed at run time, so a mask stays in registers.
@@ -127,12 +138,16 @@ __device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, i
 __device__ __forceinline__ int RouteRank(int32_t entry) { return entry >> kRouteSlotBits; }
 __device__ __forceinline__ int32_t RouteSlot(int32_t entry) { return entry & ((1 << kRouteSlotBits) - 1); }
 
-// Number of routing entries of a token, with lane k holding entry k (-1 for lanes past the record's width). The
-// list ends at the first -1 (entries after it are left over from earlier dispatches) or at an entry that cannot
-// come from a dispatch of this shape: a combine without its dispatch reads nothing outside the workspaces.
+// A token's routing entries end at the first -1 (entries after it are left over from earlier dispatches) or at an
+// entry that cannot come from a dispatch of this shape: a combine without its dispatch reads nothing outside the
+// workspaces.
+__device__ __forceinline__ bool RouteEnds(int32_t entry, int ep_size, int runtime_max) {
+  return entry < 0 || RouteRank(entry) >= ep_size || RouteSlot(entry) >= runtime_max;
+}
+
+// Number of routing entries of a token, with lane k holding entry k (-1 for lanes past the record's width).
 __device__ __forceinline__ int CountRoutes(int32_t entry, int ep_size, int runtime_max) {
-  const bool ends = entry < 0 || RouteRank(entry) >= ep_size || RouteSlot(entry) >= runtime_max;
-  const uint32_t ended = __ballot_sync(0xffffffffu, ends);
+  const uint32_t ended = __ballot_sync(0xffffffffu, RouteEnds(entry, ep_size, runtime_max));
   return ended == 0 ? 32 : __ffs(ended) - 1;
 }
 

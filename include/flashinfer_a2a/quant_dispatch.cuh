@@ -57,19 +57,17 @@ __device__ __forceinline__ LaneQuant QuantizeLane(const float (&x)[kQuantLaneEle
     out.values[0] = quant::Nvfp4Codes(x, inverse);
     return out;
   }
-  uint8_t bytes[kQuantLaneElems];
+  uint2 values;
   if constexpr (F == QuantFormat::kFp8Block) {
     out.scale = quant::Fp8BlockScale(amax);
-#pragma unroll
-    for (int i = 0; i < kQuantLaneElems; ++i) bytes[i] = quant::Fp8BlockValue(x[i], out.scale);
+    values = quant::Fp8BlockValues(x, out.scale);
   } else {
     const int e = quant::MxExponent(amax);
     out.scale_bits = quant::MxScaleByte(e);
-#pragma unroll
-    for (int i = 0; i < kQuantLaneElems; ++i) bytes[i] = quant::Mxfp8Value(x[i], e);
+    values = quant::Mxfp8Values(x, e);
   }
-#pragma unroll
-  for (int i = 0; i < kQuantLaneElems; ++i) out.values[i / 4] |= uint32_t{bytes[i]} << (8 * (i % 4));
+  out.values[0] = values.x;
+  out.values[1] = values.y;
   return out;
 }
 

@@ -25,14 +25,21 @@ __global__ void QuantizeRowsKernel(const float* x, int rows, int hidden, int for
   const int begin = b * block, end = min(hidden, begin + block);
   float amax = 0.0f;
   for (int i = begin; i < end; ++i) amax = fmaxf(amax, fabsf(in[i]));
-  if (format == kFp8Block) {
+  if (format != kNvfp4) {  // the kernels' eight-element conversions, zeros past the block's end
     const float scale = q::Fp8BlockScale(amax);
-    static_cast<float*>(scales)[id] = scale;
-    for (int i = begin; i < end; ++i) values[static_cast<int64_t>(row) * hidden + i] = q::Fp8BlockValue(in[i], scale);
-  } else if (format == kMxfp8) {
     const int e = q::MxExponent(amax);
-    static_cast<uint8_t*>(scales)[id] = q::MxScaleByte(e);
-    for (int i = begin; i < end; ++i) values[static_cast<int64_t>(row) * hidden + i] = q::Mxfp8Value(in[i], e);
+    if (format == kFp8Block) {
+      static_cast<float*>(scales)[id] = scale;
+    } else {
+      static_cast<uint8_t*>(scales)[id] = q::MxScaleByte(e);
+    }
+    for (int i0 = begin; i0 < end; i0 += 8) {
+      float x8[8];
+      for (int i = 0; i < 8; ++i) x8[i] = i0 + i < end ? in[i0 + i] : 0.0f;
+      const uint2 v = format == kFp8Block ? q::Fp8BlockValues(x8, scale) : q::Mxfp8Values(x8, e);
+      uint8_t* out = values + static_cast<int64_t>(row) * hidden + i0;
+      for (int i = 0; i < 8 && i0 + i < end; ++i) out[i] = static_cast<uint8_t>((i < 4 ? v.x : v.y) >> (8 * (i % 4)));
+    }
   } else {
     const uint8_t sf = q::Nvfp4ScaleBits(amax, global_scale);
     static_cast<uint8_t*>(scales)[id] = sf;

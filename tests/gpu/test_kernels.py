@@ -51,6 +51,19 @@ def test_payload_counts_and_dtypes(num_payloads):
     run_case(case)
 
 
+def test_small_rows_grouped():
+    # Enough tokens that blocks own several each (kSmallGroupMinTokens): the ids and the small extra payloads are
+    # copied a group of tokens per warp, in 16-, 4- and 1-byte vectors; the rank with fewer tokens takes the per-token
+    # copy in the same exchange.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = 6 * sms + 5
+    extras = [((128,), torch.float8_e4m3fn), ((56,), torch.float32), ((1,), torch.int32), ((7,), torch.uint8),
+              ((3, 5), torch.float16)]
+    for id_dtype in (torch.int32, torch.int64):
+        run_case(Case(4, 8, 256, 64, [n, 0, 4 * sms, 2 * sms + 1], n, id_dtype=id_dtype, extra_payloads=extras,
+                      minus_one_frac=0.2))
+
+
 def test_expert_count_below_ep_size():
     run_case(Case(8, 2, 128, 3, [10, 20, 30, 40, 0, 1, 2, 3], 40))
 

@@ -33,6 +33,7 @@ SHAPES = {
     "ep4-2880": Shape(4, 2880, (1, 64, 0, 17), 64),
     "ep2-tiny": Shape(2, 16, (3, 200), 200),
     "ep2-misaligned": Shape(2, 1040, (31, 9), 31, misaligned=True),
+    "ep2-many": Shape(2, 256, (1400, 900), 1400),  # several tokens per block: ids and weights copied in groups
 }
 FORMATS = [("fp8_block", False), ("mxfp8", False), ("mxfp8", True), ("nvfp4", False), ("nvfp4", True)]
 

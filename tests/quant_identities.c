@@ -1,0 +1,119 @@
+// Exhaustive checks of the two places where include/flashinfer_a2a/quant.cuh computes a quantized value by a
+// shorter route than the reference's text (flashinfer_a2a/reference/quant.py). Run by tests/test_quant_identities.py;
+// the same operations in C (fmaf and float division are correctly rounded; compiled without contraction).
+//
+//   fp8_bf16, fp8_fp16: for every x of the type and every block maximum amax >= |x| of the type, the quotient
+//     x / scale (scale = max(amax, 1e-10) / 448) computed as Fp8BlockQuotient does equals the division, or both
+//     are below 2^-12 in magnitude with the same sign (E4M3 rounds both to that signed zero: its smallest
+//     subnormal is 2^-9).
+//   fp8_fp32: the same on random fp32 pairs (the GPU conversion tests feed fp32 rows).
+//   e2m1: for all 2^32 fp32 bit patterns, E2m1Code equals the reference's count of rounding midpoints below |v|.
+// Prints "<check>: <cases> cases, <n> differ" and exits 1 if any differs.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+static uint32_t bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+
+static float bf16_value(uint32_t h) { return from_bits(h << 16); }
+static float fp16_value(uint32_t h) {
+  const uint32_t sign = (h >> 15) & 1, exponent = (h >> 10) & 31, mantissa = h & 1023;
+  if (exponent == 31) return from_bits((sign << 31) | 0x7f800000u | (mantissa << 13));
+  const float v = exponent == 0 ? ldexpf((float)mantissa, -24) : from_bits(((exponent + 112) << 23) | (mantissa << 13));
+  return sign ? -v : v;
+}
+
+// Fp8BlockScale and Fp8BlockQuotient.
+static float fp8_scale(float amax) { return fmaxf(amax, 1e-10f) / 448.0f; }
+static float fp8_quotient(float x, float scale, float inverse) {
+  const float q = x * inverse;
+  const float residual = fmaf(-q, scale, x);
+  return residual == 0.0f ? q : fmaf(residual, inverse, q);
+}
+static int same_e4m3(float a, float b) {
+  return bits(a) == bits(b) || (fabsf(a) < 0x1p-12f && fabsf(b) < 0x1p-12f && signbit(a) == signbit(b));
+}
+static int fp8_pair_differs(float x, float amax) {
+  const float scale = fp8_scale(amax);
+  return !same_e4m3(fp8_quotient(x, scale, 1.0f / scale), x / scale);
+}
+
+static long long fp8_exhaustive(float (*value)(uint32_t), long long* cases) {
+  long long differ = 0;
+  for (uint32_t a = 0; a < 0x8000; ++a) {
+    const float amax = value(a);
+    if (!isfinite(amax)) continue;
+    for (uint32_t xb = 0; xb < 0x10000; ++xb) {
+      const float x = value(xb);
+      if (!(fabsf(x) <= amax)) continue;
+      ++*cases;
+      differ += fp8_pair_differs(x, amax);
+    }
+  }
+  return differ;
+}
+
+static long long fp8_random_fp32(long long n, long long* cases) {
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  long long differ = 0;
+  for (long long i = 0; i < n; ++i) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    const float amax = from_bits((uint32_t)state & 0x7f7fffffu);  // finite, non-negative
+    // x within amax's binade or up to 15 binades below it (where the E4M3 values are not zero)
+    float x = ldexpf(1.0f + (float)((state >> 32) & 0x7fffff) * 0x1p-23f, ilogbf(amax) - (int)((state >> 56) & 15));
+    if (state & (1ull << 55)) x = -x;
+    if (!(fabsf(x) <= amax) || !isfinite(x)) continue;
+    ++*cases;
+    differ += fp8_pair_differs(x, amax);
+  }
+  return differ;
+}
+
+// The reference's E2M1 code and E2m1Code.
+static uint32_t e2m1_reference(float v) {
+  const float a = fabsf(v);
+  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
+                        (a > 5.0f);
+  return code | (signbit(v) ? 8u : 0u);
+}
+static uint32_t e2m1_code(float v) {
+  float a = fabsf(v);
+  a = a == a ? fminf(a, 8.0f) : 0.0f;
+  const int low = a < 2.0f, mid = a < 4.0f;
+  const float spacing_inverse = low ? 2.0f : mid ? 1.0f : 0.5f;
+  const int first = low ? 0 : mid ? 2 : 4;
+  const int rounded = (int)(bits(fmaf(a, spacing_inverse, 8388608.0f)) - 0x4B000000u);
+  const int code = first + rounded < 7 ? first + rounded : 7;
+  return (uint32_t)code | (signbit(v) ? 8u : 0u);
+}
+static long long e2m1_exhaustive(long long* cases) {
+  long long differ = 0;
+  for (uint64_t b = 0; b < (1ull << 32); ++b) {
+    const float v = from_bits((uint32_t)b);
+    differ += e2m1_code(v) != e2m1_reference(v);
+  }
+  *cases = 1ll << 32;
+  return differ;
+}
+
+int main(int argc, char** argv) {
+  const char* check = argc > 1 ? argv[1] : "";
+  long long cases = 0, differ;
+  if (strcmp(check, "fp8_bf16") == 0) {
+    differ = fp8_exhaustive(bf16_value, &cases);
+  } else if (strcmp(check, "fp8_fp16") == 0) {
+    differ = fp8_exhaustive(fp16_value, &cases);
+  } else if (strcmp(check, "fp8_fp32") == 0) {
+    differ = fp8_random_fp32(argc > 2 ? atoll(argv[2]) : 100000000ll, &cases);
+  } else if (strcmp(check, "e2m1") == 0) {
+    differ = e2m1_exhaustive(&cases);
+  } else {
+    fprintf(stderr, "usage: %s fp8_bf16|fp8_fp16|fp8_fp32 [n]|e2m1\n", argv[0]);
+    return 2;
+  }
+  printf("%s: %lld cases, %lld differ\n", check, cases, differ);
+  return differ != 0;
+}
