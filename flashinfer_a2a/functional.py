@@ -18,7 +18,7 @@ import torch
 from . import config as _config
 from . import ops
 from .errors import check_error
-from .wire_formats import WireFormat, wire_format
+from .wire_formats import WireFormat, check_combine_format, wire_format
 
 MAX_EP_SIZE = 72
 MAX_TOP_K = 32
@@ -339,8 +339,7 @@ def combine(
         out = torch.empty(num_tokens, hidden, dtype=dtype, device=workspace.device)
     elif tuple(out.shape) != (num_tokens, hidden):
         raise ValueError(f"out must be [num_tokens={num_tokens}, hidden={hidden}], got {tuple(out.shape)}")
-    if quant_format not in (None, "fp8_block"):
-        raise ValueError(f"combine quant_format must be None or 'fp8_block', got {quant_format!r}")
+    check_combine_format(quant_format, "combine quant_format")
     ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
                 _timeout(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1)
     _debug_check(workspace, ep_rank)

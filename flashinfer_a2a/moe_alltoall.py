@@ -9,7 +9,7 @@ import torch
 from . import functional as F
 from .comm import as_communicator
 from .symm_mem import SymmetricWorkspace
-from .wire_formats import push_combine_bytes_per_token, wire_format
+from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
 
 class MoeAlltoAll:
@@ -77,8 +77,7 @@ class MoeAlltoAll:
             hidden_bytes = (hidden_size * dtype.itemsize if fmt is None
                             else fmt.dispatch_bytes_per_token(hidden_size, max_num_tokens, swizzled_scales))
             dispatch_bytes_per_token = hidden_bytes + extra
-        if combine_format not in (None, "fp8_block"):
-            raise ValueError(f"combine_format must be None or 'fp8_block', got {combine_format!r}")
+        check_combine_format(combine_format)  # checked even when unused
         if combine_bytes_per_token is None:
             if push_combine or combine_format is not None:
                 combine_bytes_per_token = push_combine_bytes_per_token(hidden_size, dtype,

@@ -51,13 +51,19 @@ class WireFormat:
         return self.value_bytes(hidden) + -(-self.swizzled_scale_bytes(max_num_tokens, hidden) // max_num_tokens)
 
 
+def check_combine_format(value: Optional[str], argument: str = "combine_format") -> None:
+    """ValueError naming ``argument`` unless ``value`` is a wire combine has: None (the partials' own dtype) or
+    ``"fp8_block"``."""
+    if value not in (None, "fp8_block"):
+        raise ValueError(f"{argument} must be None or 'fp8_block', got {value!r}")
+
+
 def push_combine_bytes_per_token(hidden: int, dtype: torch.dtype, combine_format: Optional[str] = None) -> int:
     """Combine bytes per token of a workspace whose combine is pushed (every rank on a GPU of its own): the
     ``hidden x dtype`` partial, plus the landing row where the token's owner receives it — the partial again, or
     (``combine_format="fp8_block"``) its FP8 values and fp32 scales per 128, padded to 16 bytes. A workspace with
     less room pulls instead. Room for the plain landing row also fits the FP8 one, so both wires are then pushed."""
-    if combine_format not in (None, "fp8_block"):
-        raise ValueError(f"combine_format must be None or 'fp8_block', got {combine_format!r}")
+    check_combine_format(combine_format)
     if combine_format is None:
         return 2 * hidden * dtype.itemsize
     return hidden * dtype.itemsize + -(-WIRE_FORMATS["fp8_block"].row_bytes(hidden) // 16) * 16
