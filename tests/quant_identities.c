@@ -7,6 +7,8 @@
 //     are below 2^-12 in magnitude with the same sign (E4M3 rounds both to that signed zero: its smallest
 //     subnormal is 2^-9).
 //   fp8_fp32: the same on random fp32 pairs (the GPU conversion tests feed fp32 rows).
+//   mx_exponent: for every amax >= +0 (and a NaN), MxExponent equals the reference's frexp form, and its scaling
+//     factor 2^-e built from bits equals ldexpf(1, -e).
 //   e2m1: for all 2^32 fp32 bit patterns, E2m1Code equals the reference's count of rounding midpoints below |v|.
 // Prints "<check>: <cases> cases, <n> differ" and exits 1 if any differs.
 #include <math.h>
@@ -31,7 +33,7 @@ static float fp8_scale(float amax) { return fmaxf(amax, 1e-10f) / 448.0f; }
 static float fp8_quotient(float x, float scale, float inverse) {
   const float q = x * inverse;
   const float residual = fmaf(-q, scale, x);
-  return residual == 0.0f ? q : fmaf(residual, inverse, q);
+  return copysignf(fmaf(residual, inverse, q), x);
 }
 static int same_e4m3(float a, float b) {
   return bits(a) == bits(b) || (fabsf(a) < 0x1p-12f && fabsf(b) < 0x1p-12f && signbit(a) == signbit(b));
@@ -89,6 +91,31 @@ static uint32_t e2m1_code(float v) {
   const int code = first + rounded < 7 ? first + rounded : 7;
   return (uint32_t)code | (signbit(v) ? 8u : 0u);
 }
+// The reference's MXFP8 exponent (frexp) and MxExponent (bits), with the scaling factor 2^-e built from bits.
+static int mx_exponent_reference(float amax) {
+  int k;
+  const float m = frexpf(amax, &k);
+  const int e = amax == 0.0f ? -127 : m <= 0.875f ? k - 9 : k - 8;
+  return e < -127 ? -127 : e > 127 ? 127 : e;
+}
+static int mx_exponent(float amax) {
+  const uint32_t b = bits(amax);
+  const int biased = (int)(b >> 23);
+  const int e = biased - ((b & 0x7FFFFFu) <= 0x600000u ? 135 : 134);
+  return biased == 255 ? -8 : e > -127 ? e : -127;
+}
+static long long mx_exhaustive(long long* cases) {
+  long long differ = 0;
+  for (uint32_t b = 0; b <= 0x7F800000u; ++b) {  // every amax >= +0 up to inf (NaN: below)
+    const float amax = from_bits(b);
+    const int e = mx_exponent(amax);
+    differ += e != mx_exponent_reference(amax) || bits(ldexpf(1.0f, -e)) != (uint32_t)(127 - e) << 23;
+  }
+  differ += mx_exponent(from_bits(0x7FC00000u)) != mx_exponent_reference(from_bits(0x7FC00000u));
+  *cases = 0x7F800002ll;
+  return differ;
+}
+
 static long long e2m1_exhaustive(long long* cases) {
   long long differ = 0;
   for (uint64_t b = 0; b < (1ull << 32); ++b) {
@@ -108,10 +135,12 @@ int main(int argc, char** argv) {
     differ = fp8_exhaustive(fp16_value, &cases);
   } else if (strcmp(check, "fp8_fp32") == 0) {
     differ = fp8_random_fp32(argc > 2 ? atoll(argv[2]) : 100000000ll, &cases);
+  } else if (strcmp(check, "mx_exponent") == 0) {
+    differ = mx_exhaustive(&cases);
   } else if (strcmp(check, "e2m1") == 0) {
     differ = e2m1_exhaustive(&cases);
   } else {
-    fprintf(stderr, "usage: %s fp8_bf16|fp8_fp16|fp8_fp32 [n]|e2m1\n", argv[0]);
+    fprintf(stderr, "usage: %s fp8_bf16|fp8_fp16|fp8_fp32 [n]|mx_exponent|e2m1\n", argv[0]);
     return 2;
   }
   printf("%s: %lld cases, %lld differ\n", check, cases, differ);

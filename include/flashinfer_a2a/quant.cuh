@@ -1,9 +1,10 @@
 // Device conversions of the quantized wire formats. flashinfer_a2a/reference/quant.py is the bit-exact definition:
 // every step here gives the result of the same IEEE-rounded fp32 operation (__fmul_rn / __fmaf_rn, never contracted
-// otherwise), and the narrow formats convert through CUTLASS's numeric types (round to nearest even), after the same
-// clamp the reference applies (so saturation never depends on a conversion's overflow behaviour). Two steps take a
-// shorter exact route than the reference's text, each checked exhaustively by tests/test_quant_identities.py: the
-// FP8 block quotient (a reciprocal and one correction instead of a division) and Hopper's E2M1 rounding.
+// otherwise), and the narrow formats convert through CUTLASS's numeric types (round to nearest even), saturating as
+// the reference's clamp does (E4M3 by the conversion's satfinite, which gives the clamp's result for every finite
+// value). Three steps take a shorter exact route than the reference's text, each checked exhaustively by
+// tests/test_quant_identities.py: the FP8 block quotient (a reciprocal and one correction instead of a division),
+// the MXFP8 exponent (from the maximum's bits instead of frexp) and Hopper's E2M1 rounding.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,11 +29,17 @@ __device__ __forceinline__ uint8_t ToE4m3(float v) {
   return cutlass::float_e4m3_t(fminf(fmaxf(v, -kE4m3Max), kE4m3Max)).storage;
 }
 
-// E4M3 bits of eight values, element i in byte i (two per cvt instruction where the GPU converts FP8).
+#if defined(__CUDA_ARCH__) && !defined(CUDA_PTX_FP8_CVT_ENABLED)
+#error "ToE4m3x8 relies on cvt.rn.satfinite.e4m3x2.f32 (sm_89 and later) to saturate"
+#endif
+
+// E4M3 bits of eight values, element i in byte i, two per cvt.rn.satfinite instruction: finite values beyond +-448
+// saturate as the reference's clamp makes them (its callers' values exceed 448 by a rounding at most), so no clamp
+// is spent on them.
 __device__ __forceinline__ uint2 ToE4m3x8(const float (&v)[8]) {
   cutlass::Array<float, 8> in;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) in[i] = fminf(fmaxf(v[i], -kE4m3Max), kE4m3Max);
+  for (int i = 0; i < 8; ++i) in[i] = v[i];
   const auto out = cutlass::NumericArrayConverter<cutlass::float_e4m3_t, float, 8>::convert(in);
   uint2 bytes;
   memcpy(&bytes, &out, sizeof(bytes));
@@ -89,40 +96,49 @@ __device__ __forceinline__ float Fp8BlockScale(float amax) {
   return __fdiv_rn(fmaxf(amax, kFp8AmaxFloor), kE4m3Max);
 }
 
-// x / scale without a division, from inverse = RN(1 / scale): q = RN(x * inverse) is within an ulp of the quotient,
-// the residual x - q * scale is exact in one fused multiply-add, and one correction step rounds correctly
-// (Markstein). Where the residual underflows (|x / scale| < 2^-12, which E4M3 rounds to a zero of the quotient's
-// sign) the result may differ in its last bit; the E4M3 value never does: checked for every bf16 and fp16 x and
-// block maximum, and 10^8 random fp32 pairs (tests/test_quant_identities.py).
+// x / scale without a division, from inverse = RN(1 / scale) (non-zero): q = RN(x * inverse) is within an ulp of
+// the quotient, the residual x - q * scale is exact in one fused multiply-add, and one correction step rounds
+// correctly (Markstein); the quotient's sign is x's, also where it is zero (a zero residual would add +0 to -0).
+// Where the residual underflows (|x / scale| < 2^-12, which E4M3 rounds to a zero of the quotient's sign) the result
+// may differ in its last bit; the E4M3 value never does: checked for every bf16 and fp16 x and block maximum, and
+// 10^8 random fp32 pairs (tests/test_quant_identities.py). Four instructions and no branch, against a division's
+// nine and a branch.
 __device__ __forceinline__ float Fp8BlockQuotient(float x, float scale, float inverse) {
   const float q = __fmul_rn(x, inverse);
   const float residual = __fmaf_rn(-q, scale, x);
-  return residual == 0.0f ? q : __fmaf_rn(residual, inverse, q);  // the test keeps the sign of a zero quotient
+  return copysignf(__fmaf_rn(residual, inverse, q), x);
 }
 
 // The E4M3 values of eight elements of one FP8 block, element i in byte i.
 __device__ __forceinline__ uint2 Fp8BlockValues(const float (&x)[8], float scale) {
   const float inverse = __frcp_rn(scale);
   float q[8];
+  if (inverse != 0.0f) {  // one test per lane: a test per element made every quotient a branch of its own
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    q[i] = inverse != 0.0f ? Fp8BlockQuotient(x[i], scale, inverse) : __fdiv_rn(x[i], scale);  // 0: scale is inf
+    for (int i = 0; i < 8; ++i) q[i] = Fp8BlockQuotient(x[i], scale, inverse);
+  } else {  // scale is inf: the block holds an infinity
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = __fdiv_rn(x[i], scale);
   }
   return ToE4m3x8(q);
 }
 
-// MXFP8: the smallest e with amax <= 448 * 2^e, clamped to [-127, 127]; -127 for an all-zero block. From frexp
-// (amax = m * 2^k, m in [0.5, 1); 448 = 0.875 * 2^9), so no rounding is involved.
+// MXFP8: the smallest e with amax <= 448 * 2^e, clamped to [-127, 127]; -127 for an all-zero block. The reference
+// takes it from frexp (amax = m * 2^k, m in [0.5, 1); 448 = 0.875 * 2^9: e = k - 9 where m <= 0.875, else k - 8);
+// here from amax's bits (k = biased exponent - 126, m <= 0.875 where the stored mantissa is at most 0x600000), which
+// is a few integer instructions against frexpf's forty and its branches. Subnormal amax gives e < -127 (clamped),
+// an infinite or NaN maximum -8, as frexp's exponent 0 does. Equal to the frexp form for every amax >= +0 (a maximum
+// of magnitudes; tests/test_quant_identities.py).
 __device__ __forceinline__ int MxExponent(float amax) {
-  if (amax == 0.0f) return -127;
-  int k;
-  const float m = frexpf(amax, &k);
-  return min(max(m <= 0.875f ? k - 9 : k - 8, -127), 127);
+  const uint32_t bits = __float_as_uint(amax);
+  const int biased = static_cast<int>(bits >> 23);
+  const int e = biased - ((bits & 0x7FFFFFu) <= 0x600000u ? 135 : 134);
+  return biased == 255 ? -8 : max(e, -127);
 }
 __device__ __forceinline__ uint8_t MxScaleByte(int e) { return static_cast<uint8_t>(e + 127); }  // UE8M0: 2^(b-127)
 // The E4M3 values of eight elements of one MXFP8 block with exponent e, element i in byte i.
 __device__ __forceinline__ uint2 Mxfp8Values(const float (&x)[8], int e) {
-  const float factor = ldexpf(1.0f, -e);
+  const float factor = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);  // 2^-e: e is in [-127, 120]
   float scaled[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) scaled[i] = __fmul_rn(x[i], factor);
