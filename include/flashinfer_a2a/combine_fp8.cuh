@@ -37,7 +37,7 @@ __device__ __forceinline__ uint32_t QuantizeCombinePiece(uint8_t* dst, const uin
   for (int u = 0; u < kQuantRounds; ++u) {
     float x[kQuantLaneElems];
     UnpackLaneElems<T>(raw[u], x);
-    lq[u] = QuantizeLane<QuantFormat::kFp8Block>(x, 0.0f);
+    lq[u] = QuantizeLane<QuantFormat::kFp8Block>(x, 0.0f, nullptr);
     if (e0[u] < hidden) StoreLaneValues<QuantFormat::kFp8Block>(dst, e0[u], hidden, true, lq[u]);
   }
   return GatherPieceScales<QuantFormat::kFp8Block>(lq, lane);

@@ -100,10 +100,12 @@ __device__ __forceinline__ void CopyPiece(const DispatchParams& p, int pp, int p
 
 template <QuantFormat F>
 __device__ __forceinline__ void DispatchCopyPiece(const DispatchParams& p, int pp, int piece, int64_t t,
-                                                  int32_t entry, int num_targets, int lane) {
+                                                  int32_t entry, int num_targets, int lane,
+                                                  const float* nvfp4_inverse) {
   if constexpr (F != QuantFormat::kNone) {
     if (pp == 0) {
-      DispatchQuantizePiece<F>(p.quant, p.ranks, p.runtime_max, p.payload[0], t, piece, entry, num_targets, lane);
+      DispatchQuantizePiece<F>(p.quant, p.ranks, p.runtime_max, p.payload[0], t, piece, entry, num_targets, lane,
+                               nvfp4_inverse);
       return;
     }
   }
@@ -236,6 +238,7 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
   __shared__ int32_t s_base[kMaxRanks];
   __shared__ int32_t s_warp[kDispatchWarps][kMaxRanks];
   __shared__ uint32_t s_ballot[kDispatchWarps][kMaxRanks];
+  __shared__ float s_nvfp4_inverse[F == QuantFormat::kNvfp4 ? kNvfp4Inverses : 1];
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
 
@@ -249,7 +252,8 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
     return;
   }
   ExpertPartition part(p.num_experts, ep_size);
-  part.FillTable(s_rank_of);  // RouteChunk synchronizes before the first lookup
+  part.FillTable(s_rank_of);  // RouteChunk synchronizes before the first lookup (of either table)
+  if constexpr (F == QuantFormat::kNvfp4) FillNvfp4Inverses(p.quant, s_nvfp4_inverse);
 
   const int chunk = (p.num_tokens + gridDim.x - 1) / gridDim.x;
   const int t0 = min(p.num_tokens, static_cast<int>(blockIdx.x) * chunk);
@@ -278,7 +282,7 @@ __global__ void __launch_bounds__(kDispatchThreads, 1) DispatchKernel(const __gr
       while (piece >= p.pieces[pp]) piece -= p.pieces[pp++];  // small payloads have no pieces
       const int32_t entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
       const int num_targets = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
-      DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane);
+      DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane, s_nvfp4_inverse);
       continue;
     }
     if constexpr (kGroupSmall) {

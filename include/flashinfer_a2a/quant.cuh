@@ -67,7 +67,7 @@ __device__ __forceinline__ uint32_t E2m1Code(float v) {
   const float spacing_inverse = low ? 2.0f : mid ? 1.0f : 0.5f;
   const int first = low ? 0 : mid ? 2 : 4;
   const int rounded = static_cast<int>(__float_as_uint(__fmaf_rn(a, spacing_inverse, 8388608.0f)) - 0x4B000000u);
-  return static_cast<uint32_t>(min(first + rounded, 7)) | (signbit(v) ? 8u : 0u);
+  return static_cast<uint32_t>(min(first + rounded, 7)) | ((__float_as_uint(v) >> 28) & 8u);  // the sign bit
 }
 
 // Eight E2M1 codes, element i in bits 4i..4i+3 (two per byte, low nibble first).
@@ -81,7 +81,7 @@ __device__ __forceinline__ uint32_t ToE2m1x8(const float (&v)[8]) {
 #else
   uint32_t codes = 0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) codes |= E2m1Code(v[i]) << (4 * i);
+  for (int i = 7; i >= 0; --i) codes = (codes << 4) + E2m1Code(v[i]);  // one shift-and-add per code
   return codes;
 #endif
 }

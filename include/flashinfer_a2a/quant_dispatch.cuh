@@ -41,8 +41,20 @@ struct LaneQuant {
   uint8_t scale_bits;  // UE8M0 or UE4M3
 };
 
+// NVFP4: the factor the elements of a block with scale byte sf are multiplied by, Nvfp4Inverse(sf, global_scale), for
+// every byte: looked up in shared memory instead of a division per block (its cost showed in every lane's time).
+constexpr int kNvfp4Inverses = 256;
+__device__ __forceinline__ void FillNvfp4Inverses(const DispatchQuant& q, float* table) {
+  const float global_scale = *q.global_scale;
+  for (int sf = threadIdx.x; sf < kNvfp4Inverses; sf += blockDim.x) {
+    table[sf] = quant::Nvfp4Inverse(static_cast<uint8_t>(sf), global_scale);
+  }
+}
+
+// nvfp4_inverse: FillNvfp4Inverses' table (NVFP4 only).
 template <QuantFormat F>
-__device__ __forceinline__ LaneQuant QuantizeLane(const float (&x)[kQuantLaneElems], float global_scale) {
+__device__ __forceinline__ LaneQuant QuantizeLane(const float (&x)[kQuantLaneElems], float global_scale,
+                                                  const float* nvfp4_inverse) {
   constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // lanes per scale block
   float amax = 0.0f;
 #pragma unroll
@@ -53,8 +65,7 @@ __device__ __forceinline__ LaneQuant QuantizeLane(const float (&x)[kQuantLaneEle
   LaneQuant out{};
   if constexpr (F == QuantFormat::kNvfp4) {
     out.scale_bits = quant::Nvfp4ScaleBits(amax, global_scale);
-    const float inverse = quant::Nvfp4Inverse(out.scale_bits, global_scale);
-    out.values[0] = quant::Nvfp4Codes(x, inverse);
+    out.values[0] = quant::Nvfp4Codes(x, nvfp4_inverse[out.scale_bits]);
     return out;
   }
   uint2 values;
@@ -123,22 +134,29 @@ template <QuantFormat F>
 __device__ __forceinline__ uint32_t GatherPieceScales(const LaneQuant (&lq)[kQuantRounds], int lane) {
   constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // block b of a round is quantized by lanes b * kGroup..
   constexpr int kBlocksPerRound = 32 / kGroup;
-  uint32_t word = 0;
+  if constexpr (F == QuantFormat::kFp8Block) {
+    uint32_t word = 0;
 #pragma unroll
-  for (int u = 0; u < kQuantRounds; ++u) {
-    if constexpr (F == QuantFormat::kFp8Block) {
+    for (int u = 0; u < kQuantRounds; ++u) {
       const float v = __shfl_sync(0xffffffffu, lq[u].scale, (lane % kBlocksPerRound) * kGroup);
       if (lane / kBlocksPerRound == u) word = __float_as_uint(v);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int col = 4 * lane + k;
-        const uint32_t v = __shfl_sync(0xffffffffu, uint32_t{lq[u].scale_bits}, (col % kBlocksPerRound) * kGroup);
-        if (col / kBlocksPerRound == u) word |= v << (8 * k);
-      }
     }
+    return word;
+  } else {
+    // Scale bytes: each lane packs its blocks' bytes of the four rounds into one word (round u in byte u). Lane j's
+    // columns 4j..4j+3 all lie in one round (a round has a multiple of 4 blocks), so four shuffles of that word and
+    // three byte selects gather them (a shuffle per round and column before: 16).
+    static_assert(kQuantRounds == 4 && kBlocksPerRound % 4 == 0, "one round's byte per shuffled word");
+    uint32_t rounds = 0;
+#pragma unroll
+    for (int u = 0; u < kQuantRounds; ++u) rounds |= uint32_t{lq[u].scale_bits} << (8 * u);
+    uint32_t v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = __shfl_sync(0xffffffffu, rounds, ((4 * lane + k) % kBlocksPerRound) * kGroup);
+    const uint32_t u = (4 * lane / kBlocksPerRound) % 4;  // (lanes past the piece's columns: any round, unused)
+    const uint32_t pick = u | (u + 4) << 4;                 // byte u of the first word, then byte u of the second
+    return __byte_perm(__byte_perm(v[0], v[1], pick), __byte_perm(v[2], v[3], pick), 0x5410);
   }
-  return word;
 }
 
 // Stores the gathered scales of a piece whose first column is c0, for row `slot` of source block `src_rank`. In the
@@ -181,7 +199,7 @@ __device__ __forceinline__ void StorePieceScales(const DispatchQuant& q, uint8_t
 template <typename T, QuantFormat F>
 __device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Ranks& ranks, int64_t runtime_max,
                                               const uint8_t* payload, int64_t t, int piece, int32_t entry,
-                                              int num_targets, int lane) {
+                                              int num_targets, int lane, const float* nvfp4_inverse) {
   const T* row = reinterpret_cast<const T*>(payload) + t * q.hidden;
   uint4 raw[kQuantRounds];  // every load in flight before the first conversion
   int e0[kQuantRounds];     // hidden < 2^30
@@ -196,7 +214,7 @@ __device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Rank
   for (int u = 0; u < kQuantRounds; ++u) {
     float x[kQuantLaneElems];
     UnpackLaneElems<T>(raw[u], x);
-    lq[u] = QuantizeLane<F>(x, global_scale);
+    lq[u] = QuantizeLane<F>(x, global_scale, nvfp4_inverse);
   }
 
   const uint32_t scales = GatherPieceScales<F>(lq, lane);
@@ -218,11 +236,13 @@ __device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Rank
 template <QuantFormat F>
 __device__ __forceinline__ void DispatchQuantizePiece(const DispatchQuant& q, const Ranks& ranks,
                                                       int64_t runtime_max, const uint8_t* payload, int64_t t,
-                                                      int piece, int32_t entry, int num_targets, int lane) {
+                                                      int piece, int32_t entry, int num_targets, int lane,
+                                                      const float* nvfp4_inverse) {
   if (q.fp16) {
-    QuantizePiece<__half, F>(q, ranks, runtime_max, payload, t, piece, entry, num_targets, lane);
+    QuantizePiece<__half, F>(q, ranks, runtime_max, payload, t, piece, entry, num_targets, lane, nvfp4_inverse);
   } else {
-    QuantizePiece<__nv_bfloat16, F>(q, ranks, runtime_max, payload, t, piece, entry, num_targets, lane);
+    QuantizePiece<__nv_bfloat16, F>(q, ranks, runtime_max, payload, t, piece, entry, num_targets, lane,
+                                    nvfp4_inverse);
   }
 }
 
