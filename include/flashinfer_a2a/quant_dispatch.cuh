@@ -42,7 +42,7 @@ struct LaneQuant {
 };
 
 // NVFP4: the factor the elements of a block with scale byte sf are multiplied by, Nvfp4Inverse(sf, global_scale), for
-// every byte: looked up in shared memory instead of a division per block (its cost showed in every lane's time).
+// every byte, filled once per thread block: each lane looks its block's up instead of dividing (and decoding sf).
 constexpr int kNvfp4Inverses = 256;
 __device__ __forceinline__ void FillNvfp4Inverses(const DispatchQuant& q, float* table) {
   const float global_scale = *q.global_scale;
