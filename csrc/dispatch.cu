@@ -114,8 +114,8 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
                                                swizzled_scales);
   const bool quantize = quant.format != QuantFormat::kNone;
   const RecvRegions regions = PlanRecvRegions(config, layout, runtime_max_tokens_per_rank, rows, quant);
-  const int num_sms = NumSMs(workspace.device().device_id);
-  const bool group_small = DispatchChunk(static_cast<int>(num_tokens), num_sms) >= kSmallGroupMinTokens;
+  const int max_blocks = DispatchMaxBlocks(quant.format, NumSMs(workspace.device().device_id));
+  const bool group_small = DispatchChunk(static_cast<int>(num_tokens), max_blocks) >= kSmallGroupMinTokens;
   for (int p = 0; p < params.num_payloads; ++p) {
     params.payload[p] = static_cast<const uint8_t*>(BytePtr(TensorView(payloads[p])));
     params.row_bytes[p] = rows[p];
@@ -155,7 +155,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   params.routing_offset = layout.routing_offset;
   params.recv_counts = static_cast<int32_t*>(BytePtr(recv_counts));
   params.timeout_ns = timeout_ns;
-  A2A_CUDA_CHECK(LaunchDispatch(params, IsDType(topk_ids, kDLInt, 64), num_sms, stream));
+  A2A_CUDA_CHECK(LaunchDispatch(params, IsDType(topk_ids, kDLInt, 64), max_blocks, stream));
 }
 
 }  // namespace flashinfer_a2a
