@@ -1,4 +1,4 @@
-// Exhaustive checks of the two places where include/flashinfer_a2a/quant.cuh computes a quantized value by a
+// Exhaustive checks of the places where include/flashinfer_a2a/quant.cuh computes a quantized value by a
 // shorter route than the reference's text (flashinfer_a2a/reference/quant.py). Run by tests/test_quant_identities.py;
 // the same operations in C (fmaf and float division are correctly rounded; compiled without contraction).
 //
@@ -7,6 +7,8 @@
 //     are below 2^-12 in magnitude with the same sign (E4M3 rounds both to that signed zero: its smallest
 //     subnormal is 2^-9).
 //   fp8_fp32: the same on random fp32 pairs (the GPU conversion tests feed fp32 rows).
+//   fp8_scale: for every amax >= +0 up to inf, Fp8BlockScale (the same quotient of max(amax, 1e-10) by 448) equals
+//     the division.
 //   mx_exponent: for every amax >= +0 (and a NaN), MxExponent equals the reference's frexp form, and its scaling
 //     factor 2^-e built from bits equals ldexpf(1, -e).
 //   e2m1: for all 2^32 fp32 bit patterns, E2m1Code equals the reference's count of rounding midpoints below |v|.
@@ -55,6 +57,18 @@ static long long fp8_exhaustive(float (*value)(uint32_t), long long* cases) {
       differ += fp8_pair_differs(x, amax);
     }
   }
+  return differ;
+}
+
+// Fp8BlockScale: the scale as the quotient above from RN(1 / 448), an infinite maximum passed through.
+static long long fp8_scale_exhaustive(long long* cases) {
+  long long differ = 0;
+  for (uint32_t b = 0; b <= 0x7F800000u; ++b) {  // every amax >= +0 up to inf
+    const float a = fmaxf(from_bits(b), 1e-10f);
+    const float scale = isinf(a) ? a : fp8_quotient(a, 448.0f, 1.0f / 448.0f);
+    differ += bits(scale) != bits(fp8_scale(from_bits(b)));
+  }
+  *cases = 0x7F800001ll;
   return differ;
 }
 
@@ -135,12 +149,14 @@ int main(int argc, char** argv) {
     differ = fp8_exhaustive(fp16_value, &cases);
   } else if (strcmp(check, "fp8_fp32") == 0) {
     differ = fp8_random_fp32(argc > 2 ? atoll(argv[2]) : 100000000ll, &cases);
+  } else if (strcmp(check, "fp8_scale") == 0) {
+    differ = fp8_scale_exhaustive(&cases);
   } else if (strcmp(check, "mx_exponent") == 0) {
     differ = mx_exhaustive(&cases);
   } else if (strcmp(check, "e2m1") == 0) {
     differ = e2m1_exhaustive(&cases);
   } else {
-    fprintf(stderr, "usage: %s fp8_bf16|fp8_fp16|fp8_fp32 [n]|mx_exponent|e2m1\n", argv[0]);
+    fprintf(stderr, "usage: %s fp8_bf16|fp8_fp16|fp8_fp32 [n]|fp8_scale|mx_exponent|e2m1\n", argv[0]);
     return 2;
   }
   printf("%s: %lld cases, %lld differ\n", check, cases, differ);

@@ -1,8 +1,8 @@
 """The shortcuts of include/flashinfer_a2a/quant.cuh are exact: tests/quant_identities.c checks the FP8 block
-quotient (reciprocal and one correction) for every bf16 and fp16 input pair and 10^8 random fp32 pairs, the MXFP8
-exponent from bits for every non-negative fp32 block maximum, and Hopper's E2M1 rounding for all 2^32 fp32 inputs,
-against the reference's definitions. The five checks run as parallel processes (about a minute and a half on two
-cores); tests/gpu/test_quant_conversions.py runs the device code itself."""
+quotient (reciprocal and one correction) for every bf16 and fp16 input pair and 10^8 random fp32 pairs, the FP8 block
+scale taken the same way and the MXFP8 exponent from bits for every non-negative fp32 block maximum, and Hopper's
+E2M1 rounding for all 2^32 fp32 inputs, against the reference's definitions. The six checks run as parallel processes
+(about a minute and a half on two cores); tests/gpu/test_quant_conversions.py runs the device code itself."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ CHECKS = {
     "fp8_bf16": 1065402240,  # finite bf16 amax >= 0, every bf16 x with |x| <= amax
     "fp8_fp16": 1007713280,
     "fp8_fp32": 90_000_000,
+    "fp8_scale": 0x7F800001,  # every amax from +0 to inf
     "mx_exponent": 0x7F800002,  # every amax from +0 to inf, and a NaN
     "e2m1": 1 << 32,
 }

@@ -1,10 +1,10 @@
 // Device conversions of the quantized wire formats. flashinfer_a2a/reference/quant.py is the bit-exact definition:
 // every step here gives the result of the same IEEE-rounded fp32 operation (__fmul_rn / __fmaf_rn, never contracted
 // otherwise), and the narrow formats convert through CUTLASS's numeric types (round to nearest even), saturating as
-// the reference's clamp does (E4M3 by the conversion's satfinite, which gives the clamp's result for every finite
-// value). Three steps take a shorter exact route than the reference's text, each checked exhaustively by
-// tests/test_quant_identities.py: the FP8 block quotient (a reciprocal and one correction instead of a division),
-// the MXFP8 exponent (from the maximum's bits instead of frexp) and Hopper's E2M1 rounding.
+// the reference's clamp does (E4M3 by the conversion's satfinite, which gives the clamp's result for every value but
+// NaN). Four steps take a shorter exact route than the reference's text, each checked exhaustively by
+// tests/test_quant_identities.py: the FP8 block quotient and scale (a reciprocal and one correction instead of a
+// division), the MXFP8 exponent (from the maximum's bits instead of frexp) and Hopper's E2M1 rounding.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,18 +24,15 @@ constexpr int kFp8Block = 128;
 constexpr int kMxfp8Block = 32;
 constexpr int kNvfp4Block = 16;
 
-// E4M3 bits of v: round to nearest even, saturating at +-448.
-__device__ __forceinline__ uint8_t ToE4m3(float v) {
-  return cutlass::float_e4m3_t(fminf(fmaxf(v, -kE4m3Max), kE4m3Max)).storage;
-}
-
 #if defined(__CUDA_ARCH__) && !defined(CUDA_PTX_FP8_CVT_ENABLED)
-#error "ToE4m3x8 relies on cvt.rn.satfinite.e4m3x2.f32 (sm_89 and later) to saturate"
+#error "ToE4m3 and ToE4m3x8 rely on cvt.rn.satfinite.e4m3x2.f32 (sm_89 and later) to saturate"
 #endif
 
-// E4M3 bits of eight values, element i in byte i, two per cvt.rn.satfinite instruction: finite values beyond +-448
-// saturate as the reference's clamp makes them (its callers' values exceed 448 by a rounding at most), so no clamp
-// is spent on them.
+// E4M3 bits of v, round to nearest even: values beyond +-448, infinities included, saturate by the conversion's
+// satfinite, as the reference's clamp makes them, so no clamp is spent on them.
+__device__ __forceinline__ uint8_t ToE4m3(float v) { return cutlass::float_e4m3_t(v).storage; }
+
+// E4M3 bits of eight values as ToE4m3 converts them, element i in byte i, two per cvt.rn.satfinite instruction.
 __device__ __forceinline__ uint2 ToE4m3x8(const float (&v)[8]) {
   cutlass::Array<float, 8> in;
 #pragma unroll
@@ -86,16 +83,6 @@ __device__ __forceinline__ uint32_t ToE2m1x8(const float (&v)[8]) {
 #endif
 }
 
-__device__ __forceinline__ uint8_t ToE2m1(float v) {
-  const float eight[8] = {v, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  return static_cast<uint8_t>(ToE2m1x8(eight) & 0xF);
-}
-
-// FP8 block scales (DeepSeek style): one fp32 scale per 128 elements.
-__device__ __forceinline__ float Fp8BlockScale(float amax) {
-  return __fdiv_rn(fmaxf(amax, kFp8AmaxFloor), kE4m3Max);
-}
-
 // x / scale without a division, from inverse = RN(1 / scale) (non-zero): q = RN(x * inverse) is within an ulp of
 // the quotient, the residual x - q * scale is exact in one fused multiply-add, and one correction step rounds
 // correctly (Markstein); the quotient's sign is x's, also where it is zero (a zero residual would add +0 to -0).
@@ -107,6 +94,14 @@ __device__ __forceinline__ float Fp8BlockQuotient(float x, float scale, float in
   const float q = __fmul_rn(x, inverse);
   const float residual = __fmaf_rn(-q, scale, x);
   return copysignf(__fmaf_rn(residual, inverse, q), x);
+}
+
+// FP8 block scales (DeepSeek style): one fp32 scale per 128 elements, max(amax, 1e-10) / 448, taken as the quotient
+// above from the constant RN(1 / 448): equal to the division for every finite amax (tests/test_quant_identities.py)
+// without its branch; an infinite maximum, whose residual would be NaN, gives the division's infinity.
+__device__ __forceinline__ float Fp8BlockScale(float amax) {
+  const float a = fmaxf(amax, kFp8AmaxFloor);
+  return a == INFINITY ? a : Fp8BlockQuotient(a, kE4m3Max, 1.0f / kE4m3Max);
 }
 
 // The E4M3 values of eight elements of one FP8 block, element i in byte i.
@@ -154,7 +149,6 @@ __device__ __forceinline__ float Nvfp4Inverse(uint8_t sf, float global_scale) {
   const float scale = FromE4m3(sf);
   return scale == 0.0f ? 0.0f : __fdiv_rn(global_scale, scale);
 }
-__device__ __forceinline__ uint8_t Nvfp4Code(float x, float inverse) { return ToE2m1(__fmul_rn(x, inverse)); }
 __device__ __forceinline__ uint32_t Nvfp4Codes(const float (&x)[8], float inverse) {
   float scaled[8];
 #pragma unroll

@@ -17,14 +17,16 @@ def probe():
 
 def _rows(hidden: int, gen: torch.Generator) -> torch.Tensor:
     """bf16-representable fp32 rows: Gaussian, heavy-tailed (Student t, 2 degrees of freedom), zeros, tiny values
-    (E4M3/E2M1 subnormal territory after scaling), and exact ties of the E2M1 and E4M3 grids."""
+    (E4M3/E2M1 subnormal territory after scaling), huge values (an NVFP4 scale that saturates, or overflows to
+    infinity under a large global scale), and exact ties of the E2M1 and E4M3 grids."""
     gauss = torch.randn(8, hidden, generator=gen) * 3
     heavy = torch.distributions.StudentT(2.0).sample((8, hidden)) * 0.5
     zeros = torch.zeros(2, hidden)
     tiny = torch.randn(2, hidden, generator=gen) * 1e-30
+    huge = torch.randn(2, hidden, generator=gen) * 1e37
     ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.75, -0.1, 272.0 / 448 * 6, 1.0])
     tie_rows = ties.repeat(2, -(-hidden // len(ties)))[:, :hidden]
-    return torch.cat([gauss, heavy, zeros, tiny, tie_rows]).to(torch.bfloat16).float()
+    return torch.cat([gauss, heavy, zeros, tiny, huge, tie_rows]).to(torch.bfloat16).float()
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
