@@ -39,6 +39,7 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
 }
 
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const __grid_constant__ CombineParams p) {
+  WaitPriorKernels();
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
   const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
@@ -74,12 +75,14 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kCombineThreads) CombinePullKernel(const __grid_constant__ CombineParams p) {
+  WaitPriorKernels();
   PullItems<T, kVec>(p, HasFatalError(p.ranks.MyMeta()), blockIdx.x * kCombineWarps + threadIdx.x / 32,
                      static_cast<int64_t>(gridDim.x) * kCombineWarps);
 }
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kCombineThreads) CombineFusedKernel(const __grid_constant__ CombineParams p) {
+  WaitPriorKernels();
   RankMetadata* meta = p.ranks.MyMeta();
   const int64_t first_item = blockIdx.x * kCombineWarps + threadIdx.x / 32;
   const int64_t item_stride = static_cast<int64_t>(gridDim.x) * kCombineWarps;
@@ -148,8 +151,7 @@ cudaError_t LaunchPush(const CombineParams& p, int num_sms, cudaStream_t stream)
   const int64_t reduces = static_cast<int64_t>(p.num_tokens) * Wire::Chunks(p);
   const int64_t blocks = std::max((rows + kPushWarps - 1) / kPushWarps, (reduces + kReduceWarps - 1) / kReduceWarps);
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_sms * 2, blocks)));
-  CombinePushKernel<Wire><<<grid, kCombineThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchAfterPrior(CombinePushKernel<Wire>, grid, kCombineThreads, stream, p);
 }
 
 struct PushLauncher {
@@ -169,12 +171,8 @@ struct PullLauncher {
   cudaStream_t stream;
   template <typename T, int kVec>
   cudaError_t operator()() const {
-    if (fused) {
-      CombineFusedKernel<T, kVec><<<blocks, kCombineThreads, 0, stream>>>(p);
-    } else {
-      CombinePullKernel<T, kVec><<<blocks, kCombineThreads, 0, stream>>>(p);
-    }
-    return cudaGetLastError();
+    return LaunchAfterPrior(fused ? CombineFusedKernel<T, kVec> : CombinePullKernel<T, kVec>, blocks, kCombineThreads,
+                            stream, p);
   }
 };
 
@@ -214,16 +212,11 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
   const int64_t copy_blocks = std::min<int64_t>(num_sms * 2, (items + kCombineWarps - 1) / kCombineWarps);
   const bool copies = p.input != nullptr || p.fp8_wire;
   const int publish_blocks = copies ? static_cast<int>(std::max<int64_t>(copy_blocks, 1)) : 1;
-  CombinePublishKernel<<<publish_blocks, kCombineThreads, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+  const cudaError_t err = LaunchAfterPrior(CombinePublishKernel, publish_blocks, kCombineThreads, stream, p);
   if (err != cudaSuccess || p.num_tokens == 0) return err;
   if (p.fp8_wire) {
-    if (p.fp16) {
-      CombinePullFp8Kernel<__half><<<pull_blocks, kCombineThreads, 0, stream>>>(p);
-    } else {
-      CombinePullFp8Kernel<__nv_bfloat16><<<pull_blocks, kCombineThreads, 0, stream>>>(p);
-    }
-    return cudaGetLastError();
+    return LaunchAfterPrior(p.fp16 ? CombinePullFp8Kernel<__half> : CombinePullFp8Kernel<__nv_bfloat16>, pull_blocks,
+                            kCombineThreads, stream, p);
   }
   return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, false, stream});
 }

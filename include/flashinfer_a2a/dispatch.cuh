@@ -9,7 +9,9 @@
 //     smaller than one warp store (the top-k ids and weights, block scales) go a group of tokens per warp, so
 //     that consecutive slots of a target are written by one store instruction instead of a short write each.
 //  3. the last block to finish (by a completion counter, not by block index) publishes to every peer the token
-//     count with a system-scope release, then waits — bounded — for every peer's count for this epoch.
+//     count with a system-scope release, then waits — bounded — for every peer's count for this epoch. When every
+//     rank has a GPU of its own, the next kernel (combine, launched by LaunchAfterPrior) is let in to be scheduled
+//     during that wait.
 // Only one block per rank ever spins, so ranks simulated on one GPU (each on its own stream) cannot starve each
 // other of multiprocessors.
 #pragma once
@@ -66,6 +68,9 @@ struct DispatchParams {
   int64_t routing_offset;
   int32_t* recv_counts;  // [ep_size] out: tokens received from each source rank
   uint64_t timeout_ns;
+  // No two ranks share a GPU: the next kernel may be scheduled while the last block waits for the peers. (Ranks on
+  // one GPU must not: the next kernel's blocks could hold every multiprocessor while a peer's dispatch needs one.)
+  bool overlap_peer_wait;
 };
 
 __device__ __forceinline__ uint32_t LaneMaskLt() {
@@ -240,6 +245,7 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
 template <typename IdT, QuantFormat F, bool kGroupSmall>
 __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
     DispatchKernel(const __grid_constant__ DispatchParams p) {
+  WaitPriorKernels();
   __shared__ uint8_t s_rank_of[kRankTableExperts];
   __shared__ int32_t s_base[kMaxRanks];
   __shared__ int32_t s_warp[kDispatchWarps][kMaxRanks];
@@ -300,6 +306,7 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
   }
 
   // Step 3: the last block publishes counts and waits for every peer's.
+  if (p.overlap_peer_wait) LaunchNextKernel();
   if (!ArriveLastBlock(&meta->blocks_done)) return;
   for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
     const uint32_t count = *reinterpret_cast<volatile int32_t*>(&meta->send_counts[r]);
@@ -369,8 +376,7 @@ inline cudaError_t LaunchDispatch(const DispatchParams& p, bool ids_int64, int m
   const int blocks = DispatchGridSize(p.num_tokens, max_blocks);
   const auto kernel = p.num_small > 0 ? DispatchKernelFor<true>(ids_int64, p.quant.format)
                                       : DispatchKernelFor<false>(ids_int64, p.quant.format);
-  kernel<<<blocks, kDispatchThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchAfterPrior(kernel, blocks, kDispatchThreads, stream, p);
 }
 
 inline cudaError_t GetDispatchKernelAttributes() {

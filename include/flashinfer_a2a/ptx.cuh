@@ -29,6 +29,32 @@ __device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* addr) {
 
 __device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
+// Kernels launched by LaunchAfterPrior may start while the kernel before them in the stream is still finishing
+// (programmatic dependent launch, sm_90+): each waits here, before it touches memory, until that kernel has completed
+// and its writes are visible. A kernel launched without the attribute returns at once.
+__device__ __forceinline__ void WaitPriorKernels() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Lets the stream's next kernel, if launched by LaunchAfterPrior, be scheduled once every block of this one has
+// called this or exited (it still waits in WaitPriorKernels until this kernel has completed).
+__device__ __forceinline__ void LaunchNextKernel() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Launches kernel<<<blocks, threads, 0, stream>>>(args...) so that it may be scheduled while the stream's previous
+// kernel drains; the kernel must call WaitPriorKernels() first.
+template <typename... Params, typename... Args>
+inline cudaError_t LaunchAfterPrior(void (*kernel)(Params...), int blocks, int threads, cudaStream_t stream,
+                                    Args... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // Nanoseconds; the same clock on every GPU of a node is not assumed: only differences on one GPU are used.
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "ptx.cuh"
+
 namespace flashinfer_a2a {
 
 constexpr int kSanitizeThreads = 256;
@@ -14,6 +16,7 @@ template <typename IdT>
 __global__ void __launch_bounds__(kSanitizeThreads)
     SanitizeKernel(IdT* recv_topk_ids, const int32_t* recv_counts, int32_t ep_size, int32_t runtime_max,
                    int32_t top_k, IdT invalid_id) {
+  WaitPriorKernels();
   const int64_t total = static_cast<int64_t>(ep_size) * runtime_max * top_k;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kSanitizeThreads) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * kSanitizeThreads) {
@@ -29,9 +32,8 @@ inline cudaError_t LaunchSanitize(IdT* recv_topk_ids, const int32_t* recv_counts
   const int64_t total = static_cast<int64_t>(ep_size) * runtime_max * top_k;
   const int64_t wanted = (total + kSanitizeThreads - 1) / kSanitizeThreads;
   const int blocks = static_cast<int>(wanted < num_sms * 4 ? (wanted > 0 ? wanted : 1) : num_sms * 4);
-  SanitizeKernel<IdT><<<blocks, kSanitizeThreads, 0, stream>>>(recv_topk_ids, recv_counts, ep_size, runtime_max,
-                                                               top_k, invalid_id);
-  return cudaGetLastError();
+  return LaunchAfterPrior(SanitizeKernel<IdT>, blocks, kSanitizeThreads, stream, recv_topk_ids, recv_counts, ep_size,
+                          runtime_max, top_k, invalid_id);
 }
 
 inline cudaError_t GetSanitizeKernelAttributes() {
