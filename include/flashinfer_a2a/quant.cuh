@@ -47,24 +47,24 @@ __device__ __forceinline__ float FromE4m3(uint8_t bits) {
   return static_cast<float>(cutlass::float_e4m3_t::bitcast(bits));
 }
 
-// 4-bit E2M1 code of v: round to nearest even, saturating at +-6 (the sign kept when v rounds to zero).
-//
-// Where the GPU converts E2M1 in hardware (sm_100a and later), CUTLASS's array converter emits
+// E2M1 on Hopper. Where the GPU converts E2M1 in hardware (sm_100a and later), CUTLASS's array converter emits
 // cvt.rn.satfinite.e2m1x2.f32. Elsewhere (sm_90a) CUTLASS's fallback is a generic software conversion of about 250
 // instructions an element (measured: an NVFP4 dispatch of 8192 tokens of 7168 took 564 us against 112 us for the
-// same bytes pre-quantized), so Hopper rounds by hand: |v| is scaled to the code spacing of its binade (0.5 below 2,
-// 1 below 4, 2 above), 2^23 is added so that the sum's low bits hold the scaled value rounded to an integer (ties to
-// even), and the binade's first code is added. Equal to the reference (count the rounding midpoints below |v|) for
-// all 2^32 inputs, NaN included (tests/test_quant_identities.py); tests/gpu/test_quant_conversions.py checks it on
-// the GPU.
-__device__ __forceinline__ uint32_t E2m1Code(float v) {
-  float a = fabsf(v);
-  a = a == a ? fminf(a, 8.0f) : 0.0f;  // NaN passes no midpoint: code 0
-  const bool low = a < 2.0f, mid = a < 4.0f;
-  const float spacing_inverse = low ? 2.0f : mid ? 1.0f : 0.5f;
-  const int first = low ? 0 : mid ? 2 : 4;
-  const int rounded = static_cast<int>(__float_as_uint(__fmaf_rn(a, spacing_inverse, 8388608.0f)) - 0x4B000000u);
-  return static_cast<uint32_t>(min(first + rounded, 7)) | ((__float_as_uint(v) >> 28) & 8u);  // the sign bit
+// same bytes pre-quantized), so Hopper rounds by hand. The magnitudes 0, 0.5, 1, 1.5 | 2, 3 | 4, 6 are spaced 0.5
+// below 2, 1 below 4 and 2 above, so the code of a = |v| is RN(2a) below 2, 2 + RN(a) below 4 and 4 + RN(a / 2)
+// above, at most 7 (ties to even give the reference's midpoints). The three lines meet where the binades do and
+// min(2a, a + 2, a / 2 + 4) is the right one everywhere; rounding is monotonic, so the code is the least of the
+// three rounded values, each one fma adding 2^23 (whose sum's low bits then hold the integer).
+constexpr float kE2m1Round = 8388608.0f;          // 2^23
+constexpr uint32_t kE2m1RoundBits = 0x4B000000u;  // its bits: a code k rounds to kE2m1RoundBits + k
+// kE2m1RoundBits + the 4-bit E2M1 code of v: round to nearest even, saturating at +-6, the sign in bit 3 (kept when
+// v rounds to zero). Equal to the reference (count the rounding midpoints below |v|) for all 2^32 inputs, NaN
+// (code 0) included (tests/test_quant_identities.py); tests/gpu/test_quant_conversions.py checks it on the GPU.
+__device__ __forceinline__ uint32_t E2m1CodeBits(float v) {
+  const float a = fmaxf(fabsf(v), 0.0f);  // NaN -> 0
+  const float r = fminf(fminf(__fmaf_rn(a, 2.0f, kE2m1Round), __fmaf_rn(a, 1.0f, kE2m1Round + 2.0f)),
+                        fminf(__fmaf_rn(a, 0.5f, kE2m1Round + 4.0f), kE2m1Round + 7.0f));
+  return __float_as_uint(r) | ((__float_as_uint(v) >> 28) & 8u);
 }
 
 // Eight E2M1 codes, element i in bits 4i..4i+3 (two per byte, low nibble first).
@@ -76,10 +76,13 @@ __device__ __forceinline__ uint32_t ToE2m1x8(const float (&v)[8]) {
   const auto out = cutlass::NumericArrayConverter<cutlass::float_e2m1_t, float, 8>::convert(in);
   return reinterpret_cast<const uint32_t&>(out);
 #else
+  // One shift-and-add per code, of E2m1CodeBits: the kE2m1RoundBits each carries, shifted by 4i, sum (mod 2^32)
+  // to kE2m1RoundBits + (kE2m1RoundBits << 4), taken off once.
+  constexpr uint32_t kCarried = kE2m1RoundBits + (kE2m1RoundBits << 4);
   uint32_t codes = 0;
 #pragma unroll
-  for (int i = 7; i >= 0; --i) codes = (codes << 4) + E2m1Code(v[i]);  // one shift-and-add per code
-  return codes;
+  for (int i = 7; i >= 0; --i) codes = (codes << 4) + E2m1CodeBits(v[i]);
+  return codes - kCarried;
 #endif
 }
 
