@@ -35,8 +35,8 @@ static float fp16_value(uint32_t h) {
 static float fp8_scale(float amax) { return fmaxf(amax, 1e-10f) / 448.0f; }
 static float fp8_quotient(float x, float scale, float inverse) {
   const float q = x * inverse;
-  const float residual = fmaf(-q, scale, x);
-  return copysignf(fmaf(residual, inverse, q), x);
+  const float negated_residual = fmaf(q, scale, -x);
+  return fmaf(-negated_residual, inverse, q);
 }
 static int same_e4m3(float a, float b) {
   return bits(a) == bits(b) || (fabsf(a) < 0x1p-12f && fabsf(b) < 0x1p-12f && signbit(a) == signbit(b));
