@@ -71,7 +71,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
               TensorView recv_counts, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
               int64_t num_experts, double timeout_s, int64_t quant_format,
-              tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales, bool one_gpu_per_rank) {
+              tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales) {
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
@@ -155,7 +155,6 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   params.routing_offset = layout.routing_offset;
   params.recv_counts = static_cast<int32_t*>(BytePtr(recv_counts));
   params.timeout_ns = timeout_ns;
-  params.overlap_peer_wait = one_gpu_per_rank;
   A2A_CUDA_CHECK(LaunchDispatch(params, IsDType(topk_ids, kDLInt, 64), max_blocks, stream));
 }
 

@@ -172,7 +172,6 @@ def dispatch(
     quant_format: Optional[str] = None,
     global_scale: Optional[torch.Tensor | float] = None,
     swizzled_scales: bool = False,
-    one_gpu_per_rank: bool = False,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sends each local token to every distinct rank that owns one of its top-k experts.
 
@@ -195,9 +194,6 @@ def dispatch(
             grid per source block: ``[ep_size, ceil(runtime_max / 128) * 128 * ceil(cols / 4) * 4]``; otherwise
             ``[ep_size, runtime_max, cols]`` row-major (``cols = ceil(hidden / block)``). Scales of rows past
             ``recv_counts`` are unspecified; padding columns of valid rows are 0.
-        one_gpu_per_rank: promise that no two ranks share a GPU (see :func:`combine`): the stream's next kernel,
-            where it is launched to wait for this one in-kernel (every kernel of this package is), may then be
-            scheduled while the dispatch waits for its peers. Ranks sharing a GPU must leave it False.
 
     Returns:
         ``(recv_payloads, recv_counts)``: for each payload a zero-copy view ``[ep_size, runtime_max, ...]`` of the
@@ -206,8 +202,7 @@ def dispatch(
     """
     recv_counts = launch_dispatch(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
                                   num_experts, timeout_s=timeout_s, quant_format=quant_format,
-                                  global_scale=global_scale, swizzled_scales=swizzled_scales,
-                                  one_gpu_per_rank=one_gpu_per_rank)
+                                  global_scale=global_scale, swizzled_scales=swizzled_scales)
     views = recv_views(workspace, ep_rank, config, runtime_max_tokens_per_rank, payloads, quant_format=quant_format,
                        swizzled_scales=swizzled_scales)
     return views, recv_counts
@@ -227,7 +222,6 @@ def launch_dispatch(
     quant_format: Optional[str] = None,
     global_scale: Optional[torch.Tensor | float] = None,
     swizzled_scales: bool = False,
-    one_gpu_per_rank: bool = False,
 ) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any."""
@@ -251,7 +245,7 @@ def launch_dispatch(
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
     ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
                  runtime_max_tokens_per_rank, num_experts, _timeout(timeout_s), 0 if fmt is None else fmt.code,
-                 _global_scale(global_scale, workspace), swizzled_scales, one_gpu_per_rank)
+                 _global_scale(global_scale, workspace), swizzled_scales)
     if debug:
         _debug_check(workspace, ep_rank)
     return recv_counts

@@ -130,7 +130,7 @@ class MoeAlltoAll:
         if F.debug_checks_due():
             self._check_same_call(runtime_max)
         quant = dict(quant_format=quant_format, swizzled_scales=swizzled_scales)
-        launch = dict(timeout_s=timeout_s, global_scale=global_scale, one_gpu_per_rank=self._symm.one_gpu_per_rank)
+        launch = dict(timeout_s=timeout_s, global_scale=global_scale)
         if torch.compiler.is_compiling():  # fresh tensors: a traced view or counts tensor must not be kept
             recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
                                       self.num_experts, **launch, **quant)

@@ -125,15 +125,15 @@ def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
 @register(
     "dispatch(Tensor(a!) workspace, Tensor topk_ids, Tensor[] payloads, Tensor(b!) recv_counts, int ep_rank, "
     f"{_SIZES}, int runtime_max_tokens_per_rank, int num_experts, float timeout_s, int quant_format=0, "
-    "Tensor? global_scale=None, bool swizzled_scales=False, bool one_gpu_per_rank=False) -> ()",
+    "Tensor? global_scale=None, bool swizzled_scales=False) -> ()",
     dispatch_key="CUDA",
 )
 def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
              dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts, timeout_s,
-             quant_format=0, global_scale=None, swizzled_scales=False, one_gpu_per_rank=False):
+             quant_format=0, global_scale=None, swizzled_scales=False):
     get_a2a_module().dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, ep_size, max_num_tokens,
                               top_k, dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank,
-                              num_experts, timeout_s, quant_format, global_scale, swizzled_scales, one_gpu_per_rank)
+                              num_experts, timeout_s, quant_format, global_scale, swizzled_scales)
 
 
 @dispatch.register_fake

@@ -169,7 +169,7 @@ def test_quantizing_dispatch_and_fp8_combine_trace_fullgraph(fmt, swizzled):
     def layer(workspace, ids, x, gs):
         (values, scales, recv_ids), counts = fa.dispatch(
             workspace, 0, config, ids, [x, ids], runtime_max, 8, quant_format=fmt,
-            global_scale=gs if fmt == "nvfp4" else None, swizzled_scales=swizzled, one_gpu_per_rank=True)
+            global_scale=gs if fmt == "nvfp4" else None, swizzled_scales=swizzled)
         partial = torch.zeros(2, runtime_max, hidden, dtype=torch.bfloat16, device=x.device) + values.float()[..., :1]
         out = fa.combine(workspace, 0, config, counts, ids.shape[0], runtime_max, partial.to(torch.bfloat16),
                          quant_format="fp8_block")
@@ -190,7 +190,7 @@ def test_quantizing_dispatch_and_fp8_combine_trace_fullgraph(fmt, swizzled):
     assert scales.shape == want_scales and scales.dtype == wire.scale_dtype
     calls = {str(n.target): n for gm in captured for n in gm.graph.nodes if n.op == "call_function"}
     dispatch_args = calls["flashinfer_a2a.dispatch.default"].args
-    assert dispatch_args[13:] == (wire.code, *dispatch_args[14:15], swizzled, True)
+    assert dispatch_args[13:] == (wire.code, *dispatch_args[14:15], swizzled)
     assert calls["flashinfer_a2a.combine.default"].args[-1] == 1
 
 

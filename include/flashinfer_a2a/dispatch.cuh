@@ -9,9 +9,7 @@
 //     smaller than one warp store (the top-k ids and weights, block scales) go a group of tokens per warp, so
 //     that consecutive slots of a target are written by one store instruction instead of a short write each.
 //  3. the last block to finish (by a completion counter, not by block index) publishes to every peer the token
-//     count with a system-scope release, then waits — bounded — for every peer's count for this epoch. When every
-//     rank has a GPU of its own, the next kernel (combine, launched by LaunchAfterPrior) is let in to be scheduled
-//     during that wait.
+//     count with a system-scope release, then waits — bounded — for every peer's count for this epoch.
 // Only one block per rank ever spins, so ranks simulated on one GPU (each on its own stream) cannot starve each
 // other of multiprocessors.
 #pragma once
@@ -68,9 +66,6 @@ struct DispatchParams {
   int64_t routing_offset;
   int32_t* recv_counts;  // [ep_size] out: tokens received from each source rank
   uint64_t timeout_ns;
-  // No two ranks share a GPU: the next kernel may be scheduled while the last block waits for the peers. (Ranks on
-  // one GPU must not: the next kernel's blocks could hold every multiprocessor while a peer's dispatch needs one.)
-  bool overlap_peer_wait;
 };
 
 __device__ __forceinline__ uint32_t LaneMaskLt() {
@@ -306,7 +301,6 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
   }
 
   // Step 3: the last block publishes counts and waits for every peer's.
-  if (p.overlap_peer_wait) LaunchNextKernel();
   if (!ArriveLastBlock(&meta->blocks_done)) return;
   for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
     const uint32_t count = *reinterpret_cast<volatile int32_t*>(&meta->send_counts[r]);

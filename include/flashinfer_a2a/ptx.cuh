@@ -34,10 +34,6 @@ __device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.s
 // and its writes are visible. A kernel launched without the attribute returns at once.
 __device__ __forceinline__ void WaitPriorKernels() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// Lets the stream's next kernel, if launched by LaunchAfterPrior, be scheduled once every block of this one has
-// called this or exited (it still waits in WaitPriorKernels until this kernel has completed).
-__device__ __forceinline__ void LaunchNextKernel() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
 // Launches kernel<<<blocks, threads, 0, stream>>>(args...) so that it may be scheduled while the stream's previous
 // kernel drains; the kernel must call WaitPriorKernels() first.
 template <typename... Params, typename... Args>

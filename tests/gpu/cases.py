@@ -73,8 +73,7 @@ def run_case(case: Case, device="cuda", seed: Optional[int] = None, sim: Optiona
         sim = SimulatedRanks(config, device)
     # Poison everything the kernels write: receive regions and counts must be fully overwritten where valid.
     scramble_(sim.workspace[:, metadata_offsets()["metadata_bytes"] :])  # all but the metadata
-    results = sim.dispatch(topk_ids, payloads, case.runtime_max, case.num_experts, timeout_s=timeout_s,
-                           one_gpu_per_rank=case.one_gpu_per_rank)
+    results = sim.dispatch(topk_ids, payloads, case.runtime_max, case.num_experts, timeout_s=timeout_s)
     torch.cuda.synchronize()
     expected = ref.reference_dispatch([t.cpu() for t in topk_ids], [[p.cpu() for p in ps] for ps in payloads],
                                       case.num_experts, case.runtime_max)
