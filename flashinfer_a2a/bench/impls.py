@@ -1,10 +1,10 @@
 """The implementations the benchmark times, each as per-rank dispatch/combine steps over the same inputs.
 
-- ``a2a``: this package. Dispatch sends the hidden states (and, unless ``--hidden-only``, the top-k ids and
-  weights); combine is the zero-copy one (the expert outputs already sit in the combine input), pushed where every
-  rank has a GPU of its own (the workspace is sized with ``push_combine=True``), pulled between simulated ranks.
-- ``a2a-pull`` (every rank on a GPU of its own): the same with a workspace sized without landing rows, so the
-  combine is pulled.
+- ``a2a``: this package as ``MoeAlltoAll`` builds it by default. Dispatch sends the hidden states (and, unless
+  ``--hidden-only``, the top-k ids and weights); combine is the zero-copy one (the expert outputs already sit in the
+  combine input), pulled.
+- ``a2a-push`` (every rank on a GPU of its own): the same with a workspace sized with ``push_combine=True``, so the
+  combine is pushed.
 - ``<format>-fused`` (``--quant``): dispatch quantizes the bf16|fp16 hidden states into the format while sending
   them; combine sends the partials over the FP8 wire, pushed where every rank has a GPU of its own (the workspace
   is sized with ``combine_format="fp8_block"``), pulled between simulated ranks; from a partials tensor (a pulled
@@ -58,8 +58,8 @@ class Case:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """What one row of ours times: ``plain`` (the hidden states as they are), ``pull`` (the same, the combine
-    pulled), ``fused`` (quantized into ``fmt`` by dispatch; FP8-wire combine) or ``pre`` (the same hidden states
+    """What one row of ours times: ``plain`` (the hidden states as they are), ``push`` (the same, the combine
+    pushed), ``fused`` (quantized into ``fmt`` by dispatch; FP8-wire combine) or ``pre`` (the same hidden states
     pre-quantized into ``fmt``; bf16 combine)."""
 
     kind: str = "plain"
@@ -73,10 +73,10 @@ class Variant:
 
 
 def variants(args: BenchArgs, dtype: torch.dtype, simulated: bool = False) -> list[Variant]:
-    """Plain (and, with a GPU per rank, plain with the combine pulled), then fused and pre for each ``--quant``
+    """Plain (and, with a GPU per rank, plain with the combine pushed), then fused and pre for each ``--quant``
     format (quantization takes bf16|fp16 hidden states)."""
     quantizable = dtype in (torch.bfloat16, torch.float16)
-    return ([Variant()] + ([] if simulated else [Variant("pull")]) +
+    return ([Variant()] + ([] if simulated else [Variant("push")]) +
             [Variant(kind, fmt) for fmt in (args.quant_formats if quantizable else ()) for kind in ("fused", "pre")])
 
 
@@ -143,7 +143,7 @@ class A2A:
                                    extra_dispatch_bytes_per_token=routing_payload_bytes(args),
                                    dispatch_format=variant.fmt,
                                    combine_format="fp8_block" if variant.kind == "fused" else None,
-                                   push_combine=variant.kind == "plain",
+                                   push_combine=variant.kind == "push",
                                    device=session.device.index)
             self.sim = None
 

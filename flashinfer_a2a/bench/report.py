@@ -38,9 +38,9 @@ def add_derived(case: dict[str, Any]) -> None:
         nccl = case["impls"].get("nccl_a2a", {}).get(mode, {})
         if "pair" in stats and "pair" in nccl:
             summary[f"pair_speedup_vs_nccl_a2a_{mode}"] = nccl["pair"]["max_rank"] / stats["pair"]["max_rank"]
-        pulled = case["impls"].get("a2a-pull", {}).get(mode, {})
-        if "combine" in stats and "combine" in pulled:
-            summary[f"push_combine_speedup_{mode}"] = pulled["combine"]["max_rank"] / stats["combine"]["max_rank"]
+        pushed = case["impls"].get("a2a-push", {}).get(mode, {})
+        if "combine" in stats and "combine" in pushed:
+            summary[f"push_combine_speedup_{mode}"] = stats["combine"]["max_rank"] / pushed["combine"]["max_rank"]
     if "pair" in ours.get("graph", {}) and "pair" in ours.get("eager", {}):
         summary["eager_overhead_us_per_call"] = (ours["eager"]["pair"]["max_rank"]
                                                  - ours["graph"]["pair"]["max_rank"]) / len(PHASES)
