@@ -130,13 +130,13 @@ class MoeAlltoAll:
         if F.debug_checks_due():
             self._check_same_call(runtime_max)
         quant = dict(quant_format=quant_format, swizzled_scales=swizzled_scales)
-        launch = dict(timeout_s=timeout_s, global_scale=global_scale)
         if torch.compiler.is_compiling():  # fresh tensors: a traced view or counts tensor must not be kept
             recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                      self.num_experts, **launch, **quant)
+                                      self.num_experts, timeout_s=timeout_s, global_scale=global_scale, **quant)
         else:  # eager: one counts tensor and cached views, valid (like the views always were) until the next dispatch
             counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                       self.num_experts, recv_counts=self._recv_counts, **launch, **quant)
+                                       self.num_experts, timeout_s=timeout_s, recv_counts=self._recv_counts,
+                                       global_scale=global_scale, **quant)
             recv = self._recv_views(runtime_max, payloads, quant)
         self._pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
