@@ -108,16 +108,14 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   params.fp8_wire = fp8_wire;
   params.fp16 = type == FloatType::kFloat16;
   params.hidden = static_cast<int32_t>(hidden);
-  // The combine is pushed when every rank has a GPU of its own and the combine region has room for a landing block
-  // per source after the partials (a workspace sized with wire_formats.push_combine_bytes_per_token); every rank
-  // decides alike, from sizes all ranks share. Landing rows hold the partials as they are or, over the FP8 wire,
-  // FP8 values and scales.
-  const int64_t partial_bytes = ep_size * runtime_max_tokens_per_rank * row_bytes;
+  // The combine is pushed when every rank has a GPU of its own and the workspace was sized for it: a landing row
+  // per token after the partials (wire_formats.push_combine_bytes_per_token). The test is on the per-token size, not
+  // on this call's runtime_max: a call smaller than the workspace must not push into room kept for larger calls, as
+  // the path is the caller's choice, made when sizing. Every rank decides alike, from sizes all ranks share. Landing
+  // rows hold the partials as they are or, over the FP8 wire, FP8 values and scales.
   const int64_t landing_row_bytes = fp8_wire ? Fp8WireRowBytes(hidden) : row_bytes;
-  const int64_t landing_bytes = ep_size * runtime_max_tokens_per_rank * landing_row_bytes;
-  params.push =
-      one_gpu_per_rank && partial_bytes + landing_bytes <= ep_size * max_num_tokens * combine_bytes_per_token;
-  params.landing_offset = layout.combine_offset + partial_bytes;
+  params.push = one_gpu_per_rank && row_bytes + landing_row_bytes <= combine_bytes_per_token;
+  params.landing_offset = layout.combine_offset + ep_size * runtime_max_tokens_per_rank * row_bytes;
   params.push_flags_offset = layout.push_flags_offset;
   params.max_num_tokens = static_cast<int32_t>(max_num_tokens);
   // Vector width of the sums, which read this rank's own partials where the caller put them, and of the pushes.

@@ -1,5 +1,6 @@
 """Checks of the pushed combine across processes (run by worker.py): plain rows and the FP8 wire landed in their
-owners' workspaces, summed as they land, under CUDA-graph replay, and with a rank that never combines."""
+owners' workspaces, summed as they land, under CUDA-graph replay, and with a rank that never combines; a workspace
+sized for the pull never pushes."""
 
 from __future__ import annotations
 
@@ -18,12 +19,20 @@ PUSH_CASES = ((torch.bfloat16, 2048, None), (torch.float16, 1026, None), (torch.
               (torch.float16, 2048, "fp8_block"), (torch.bfloat16, 2048, "fp8_block"))
 
 
-def _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens) -> MoeAlltoAll:
+def _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens, *, sized=True) -> MoeAlltoAll:
+    """A workspace sized for the pushed combine over `wire` (or, not `sized`, for the pulled one)."""
     a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * comm.size, hidden_size=hidden,
-                      dtype=dtype, combine_format=wire, push_combine=wire is None)
+                      dtype=dtype, combine_format=wire if sized else None, push_combine=sized and wire is None)
     if SHARED_GPU:
         a2a._symm.one_gpu_per_rank = True  # the pushed combine needs it (see SHARED_GPU)
     return a2a
+
+
+def _push_flags(a2a: MoeAlltoAll, rank: int) -> torch.Tensor:
+    """This rank's push flags, [ep_size (source), max_num_tokens], as they are now (on the host)."""
+    at = int(a2a.metainfo[fa.get_metainfo_index_pairs()["push_flags_offset"]])
+    n, max_tokens = a2a.ep_size, a2a.config.max_num_tokens
+    return a2a.workspace[rank, at:at + n * max_tokens * 4].view(torch.int32).view(n, max_tokens).cpu()
 
 
 def check_push(group, comm):
@@ -53,10 +62,12 @@ def check_push(group, comm):
             partials = combine_partials(a2a, comm, want, runtime_max, hidden, dtype, s + 1, zero_copy=i % 2 == 1,
                                         quant_format=wire, misaligned=i == 2 and wire is None)
             rows = landing.view(n, runtime_max, landing_row).cpu()
+            flags = _push_flags(a2a, rank)
             for src in range(n):
                 m = int(want.recv_counts[src][rank])  # rows src computed for this rank's tokens
                 if src == rank or m == 0:
                     continue
+                assert flags[src].any(), f"no push flag from {src}"
                 if wire is None:
                     sent = partials[src][rank, :m].contiguous().view(torch.uint8).reshape(m, -1)
                     assert torch.equal(rows[src, :m], sent), f"landed rows from {src} ({dtype})"
@@ -103,6 +114,26 @@ def _replay_push(a2a, comm, top_k, hidden, dtype, wire, seed):
         expected = (ref.reference_combine(partials, want) if wire is None
                     else q.reference_combine_fp8(partials, want))[rank]
         assert ref.bitwise_equal(static_out.cpu(), expected), f"replayed pushed combine differs ({dtype}, {j})"
+
+
+def check_pull_without_room(group, comm):
+    """A workspace sized for the pulled combine pulls even a call whose landing rows would fit in the room it keeps
+    for larger calls (runtime_max a quarter of max_num_tokens): each output equal to the reference, and no push flag
+    set, plain partials (tensor and zero copy) or the FP8 wire alike."""
+    rank, n = comm.rank, comm.size
+    seed = shared_seed(comm)
+    top_k, hidden, max_tokens = 4, 512, 64
+    a2a = _pushing(group, comm, torch.bfloat16, hidden, None, top_k, max_tokens, sized=False)
+    for i, (wire, zero_copy) in enumerate(((None, False), (None, True), ("fp8_block", False))):
+        tokens = [max_tokens // 4 - r for r in range(n)]
+        ids, xs, _ = make_inputs(n, tokens, top_k, hidden, 16 * n, seed + 10 * i)
+        xs = [x.to(torch.bfloat16) for x in xs]
+        a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda()], tokens[0])
+        want = ref.reference_dispatch(ids, [[x] for x in xs], 16 * n, tokens[0])
+        combine_partials(a2a, comm, want, tokens[0], hidden, torch.bfloat16, seed + 10 * i + 1, zero_copy=zero_copy,
+                         quant_format=wire)
+        assert not _push_flags(a2a, rank).any(), f"a pulled workspace's combine pushed ({wire}, zero copy {zero_copy})"
+    a2a.destroy()
 
 
 def check_push_missing_rank(group, comm):

@@ -40,8 +40,8 @@ def _launch(launcher: str, nproc: int, checks: list[str], timeout: int = 600, ex
     return out
 
 
-CHECKS = ["correctness", "quantized", "push", "push_missing_rank", "graph", "compile", "interleaved", "lifecycle",
-          "misuse", "missing_rank"]
+CHECKS = ["correctness", "quantized", "push", "pull_without_room", "push_missing_rank", "graph", "compile",
+          "interleaved", "lifecycle", "misuse", "missing_rank"]
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
