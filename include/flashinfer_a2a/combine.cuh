@@ -142,11 +142,11 @@ inline cudaError_t DispatchPullKernel(FloatType type, int vec_bytes, Fn&& fn) {
   }
 }
 
-// The pushed combine with a block per work item at most: one per kPushWarps peer rows, one per reducers' share of
-// the token chunks.
+// The pushed combine with a block per work item at most: one per Wire::kPushWarps peer rows, one per reducers' share
+// of the token chunks.
 template <typename Wire>
 cudaError_t LaunchPush(const CombineParams& p, int num_sms, cudaStream_t stream) {
-  constexpr int kReduceWarps = kCombineWarps - kPushWarps;
+  constexpr int kPushWarps = Wire::kPushWarps, kReduceWarps = kCombineWarps - kPushWarps;
   const int64_t rows = static_cast<int64_t>(p.ranks.ep_size - 1) * p.runtime_max;
   const int64_t reduces = static_cast<int64_t>(p.num_tokens) * Wire::Chunks(p);
   const int64_t blocks = std::max((rows + kPushWarps - 1) / kPushWarps, (reduces + kReduceWarps - 1) / kReduceWarps);

@@ -4,7 +4,7 @@
 // cross NVLink faster than loads (docs/measurements/nvlink_pull_push.py: 363 vs 333 GB/s), and the sums overlap
 // the transfer instead of following it.
 //
-// One kernel. Its warps are pushers (the first kPushWarps of a block) or reducers, each claiming work one item at a
+// One kernel. Its warps are pushers (the first Wire::kPushWarps of a block) or reducers, each claiming work one item at a
 // time from a counter in this rank's metadata:
 //  - a push item is one row this rank computed for another (rows of every owner interleaved, slots in order): the
 //    warp stores it into the owner's landing block for this rank, then releases the row's push flag there (the
@@ -26,11 +26,12 @@
 
 namespace flashinfer_a2a {
 
-constexpr int kPushWarps = kCombineWarps / 2;  // pushers per block; the other warps reduce from the start
-
 // Rows travel as they are, kVec bytes a lane; the owner sums them in fp32 like the pull.
 template <typename T, int kVec>
 struct PlainWire {
+  // Pushers per block; the other warps reduce from the start. Copying is cheap, so few warps keep the link busy and
+  // more only compete with the sums (2xH200, 8192 tokens of 14 KB: 344 us with 2 of 8 warps, 430 with 4, 458 with 6).
+  static constexpr int kPushWarps = 2;
   static constexpr int kPieceBytes = 32 * kVec;
   static constexpr int kChunkPieces = (kReduceChunkBytes + kPieceBytes - 1) / kPieceBytes;
 
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePushKernel(const __
   __syncthreads();
   if (s_publisher) PublishCombineEpoch(p, epoch);
 
-  if (warp < kPushWarps) {
+  if (warp < Wire::kPushWarps) {
     int max_rows = 0;  // most rows this rank computed for one peer
     for (int r = lane; r < p.ranks.ep_size; r += 32) max_rows = r == me ? max_rows : max(max_rows, p.recv_counts[r]);
     max_rows = __reduce_max_sync(0xffffffffu, max_rows);
