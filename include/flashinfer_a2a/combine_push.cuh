@@ -30,7 +30,8 @@ namespace flashinfer_a2a {
 template <typename T, int kVec>
 struct PlainWire {
   // Pushers per block; the other warps reduce from the start. Copying is cheap, so few warps keep the link busy and
-  // more only compete with the sums (2xH200, 8192 tokens of 14 KB: 344 us with 2 of 8 warps, 430 with 4, 458 with 6).
+  // more only compete with the sums (2xH200, 8192 tokens of 14 KB: 345 us with 2 of 8 warps, 431 with 4, 458 with 6,
+  // 393 with 1).
   static constexpr int kPushWarps = 2;
   static constexpr int kPieceBytes = 32 * kVec;
   static constexpr int kChunkPieces = (kReduceChunkBytes + kPieceBytes - 1) / kPieceBytes;
