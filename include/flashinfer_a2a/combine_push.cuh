@@ -4,8 +4,8 @@
 // cross NVLink faster than loads (docs/measurements/nvlink_pull_push.py: 363 vs 333 GB/s), and the sums overlap
 // the transfer instead of following it.
 //
-// One kernel. Its warps are pushers (the first Wire::kPushWarps of a block) or reducers, each claiming work one item at a
-// time from a counter in this rank's metadata:
+// One kernel. Its warps are pushers (the first Wire::kPushWarps of a block) or reducers, each claiming work one item
+// at a time from a counter in this rank's metadata:
 //  - a push item is one row this rank computed for another (rows of every owner interleaved, slots in order): the
 //    warp stores it into the owner's landing block for this rank, then releases the row's push flag there (the
 //    epoch). Pushes wait for nothing: an owner's landing block is free once this rank has its dispatch signal, as
