@@ -67,19 +67,24 @@ inline void CheckRank(int64_t ep_rank, int64_t ep_size) {
       << "ep_rank must be in [0, ep_size=" << ep_size << "), got " << ep_rank;
 }
 
-// Sets the current device for the scope, restoring the previous one on exit.
+// Sets the current device for the scope, restoring the previous one on exit (neither call when it is already
+// current: every eager launch goes through here).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     A2A_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) A2A_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = previous_ != device;
+    if (changed_) A2A_CUDA_CHECK(cudaSetDevice(device));
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 // The caller's current stream (tvm-ffi takes it from torch's current stream when torch tensors are passed).

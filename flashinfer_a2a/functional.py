@@ -139,14 +139,19 @@ def _timeout(timeout_s: Optional[float]) -> float:
 DEFER_DEBUG_CHECKS = contextvars.ContextVar("flashinfer_a2a_defer_debug_checks", default=False)
 
 
-def debug_checks_due() -> bool:
-    """Whether the eager debug check (``FLASHINFER_A2A_DEBUG``) should run now."""
-    return (_config.debug() and not DEFER_DEBUG_CHECKS.get() and not torch.compiler.is_compiling()
+def _debug(debug: Optional[bool]) -> bool:
+    return _config.debug() if debug is None else debug
+
+
+def debug_checks_due(debug: Optional[bool] = None) -> bool:
+    """Whether the eager debug check should run now: ``debug`` (default ``FLASHINFER_A2A_DEBUG``) and an eager
+    call that is neither deferred (simulated ranks) nor captured."""
+    return (_debug(debug) and not DEFER_DEBUG_CHECKS.get() and not torch.compiler.is_compiling()
             and not torch.cuda.is_current_stream_capturing())
 
 
-def _debug_check(workspace: torch.Tensor, ep_rank: int) -> None:
-    if debug_checks_due():
+def _debug_check(workspace: torch.Tensor, ep_rank: int, debug: Optional[bool]) -> None:
+    if debug_checks_due(debug):
         check_error(workspace, ep_rank)
 
 
@@ -172,6 +177,7 @@ def dispatch(
     quant_format: Optional[str] = None,
     global_scale: Optional[torch.Tensor | float] = None,
     swizzled_scales: bool = False,
+    debug: Optional[bool] = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sends each local token to every distinct rank that owns one of its top-k experts.
 
@@ -185,6 +191,8 @@ def dispatch(
         num_experts: experts over all ranks (contiguous partition, the first ``num_experts % ep_size`` ranks own
             one extra).
         timeout_s: bound on the wait for peers (default ``FLASHINFER_A2A_TIMEOUT_S``).
+        debug: check the ids on the host before the launch and the error record after it, in eager calls (default
+            ``FLASHINFER_A2A_DEBUG``; slow).
         quant_format: quantize ``payloads[0]`` (``[num_tokens, hidden]`` bf16|fp16 hidden states) while sending it:
             ``"fp8_block"``, ``"mxfp8"`` or ``"nvfp4"`` (:mod:`flashinfer_a2a.wire_formats`), bitwise as the
             reference quantizers of :mod:`flashinfer_a2a.reference.quant`. It then arrives as two views: values
@@ -202,7 +210,7 @@ def dispatch(
     """
     recv_counts = launch_dispatch(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
                                   num_experts, timeout_s=timeout_s, quant_format=quant_format,
-                                  global_scale=global_scale, swizzled_scales=swizzled_scales)
+                                  global_scale=global_scale, swizzled_scales=swizzled_scales, debug=debug)
     views = recv_views(workspace, ep_rank, config, runtime_max_tokens_per_rank, payloads, quant_format=quant_format,
                        swizzled_scales=swizzled_scales)
     return views, recv_counts
@@ -222,6 +230,7 @@ def launch_dispatch(
     quant_format: Optional[str] = None,
     global_scale: Optional[torch.Tensor | float] = None,
     swizzled_scales: bool = False,
+    debug: Optional[bool] = None,
 ) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any."""
@@ -229,8 +238,8 @@ def launch_dispatch(
     if len(payloads) > MAX_PAYLOADS - (fmt is not None):
         raise ValueError(f"payloads: at most {MAX_PAYLOADS - (fmt is not None)} tensors per dispatch"
                          f"{' that quantizes' if fmt else ''}, got {len(payloads)}")
-    num_tokens = topk_ids.shape[0] if topk_ids.dim() else 0
-    if topk_ids.dim() != 2 or num_tokens > runtime_max_tokens_per_rank:
+    num_tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else -1
+    if num_tokens < 0 or num_tokens > runtime_max_tokens_per_rank:
         raise ValueError(
             f"topk_ids must be [num_tokens, top_k] with num_tokens <= runtime_max_tokens_per_rank="
             f"{runtime_max_tokens_per_rank}, got {tuple(topk_ids.shape)}"
@@ -238,7 +247,7 @@ def launch_dispatch(
     for i, p in enumerate(payloads):
         if p.dim() < 1 or p.shape[0] != num_tokens:
             raise ValueError(f"payloads[{i}] must be [num_tokens={num_tokens}, ...], got {tuple(p.shape)}")
-    debug = _config.debug()
+    debug = _debug(debug)
     if debug and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
         _check_topk_ids_on_host(topk_ids, num_experts)  # waits on this rank's stream only: never on peers
     if recv_counts is None:
@@ -247,7 +256,7 @@ def launch_dispatch(
                  runtime_max_tokens_per_rank, num_experts, _timeout(timeout_s), 0 if fmt is None else fmt.code,
                  _global_scale(global_scale, workspace), swizzled_scales)
     if debug:
-        _debug_check(workspace, ep_rank)
+        _debug_check(workspace, ep_rank, True)
     return recv_counts
 
 
@@ -298,6 +307,7 @@ def combine(
     timeout_s: Optional[float] = None,
     one_gpu_per_rank: bool = False,
     quant_format: Optional[str] = None,
+    debug: Optional[bool] = None,
 ) -> torch.Tensor:
     """Sums, for each local token, the partials of the distinct ranks it was sent to.
 
@@ -325,6 +335,7 @@ def combine(
             partials stay exact). About half the bytes; the error is documented in ``docs/quantized_formats.md``
             and equals :func:`flashinfer_a2a.reference.quant.reference_combine_fp8` bit for bit. bf16|fp16,
             ``hidden % 8 == 0``.
+        debug: check the error record after an eager call (default ``FLASHINFER_A2A_DEBUG``; slow).
 
     Returns:
         ``[num_tokens, hidden]``.
@@ -342,7 +353,7 @@ def combine(
     check_combine_format(quant_format, "combine quant_format")
     ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
                 _timeout(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1)
-    _debug_check(workspace, ep_rank)
+    _debug_check(workspace, ep_rank, debug)
     return out
 
 

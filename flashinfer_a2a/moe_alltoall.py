@@ -6,6 +6,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from . import config as _config
 from . import functional as F
 from .comm import as_communicator
 from .symm_mem import SymmetricWorkspace
@@ -16,7 +17,8 @@ class MoeAlltoAll:
     """One-sided NVLink dispatch and combine for one expert-parallel group.
 
     Construction is collective (every rank of ``group`` builds it with the same sizes) and ends with a barrier, so a
-    late initialization cannot erase a fast peer's first signal.
+    late initialization cannot erase a fast peer's first signal. ``FLASHINFER_A2A_TIMEOUT_S`` and
+    ``FLASHINFER_A2A_DEBUG`` are read here, once (docs/environment.md).
 
     Args:
         group: a ``torch.distributed`` process group (default: the default group; an EP sub-group works), an mpi4py
@@ -72,6 +74,9 @@ class MoeAlltoAll:
             raise ValueError(f"top_k must be in [1, {F.MAX_TOP_K}], got {top_k}")
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+        # Read once, before any allocation: reading the environment would cost every eager call host time (about
+        # 1 us a variable that is not set).
+        self._timeout_s, self._debug = _config.timeout_s(), _config.debug()
         extra = top_k * (8 + 4) if extra_dispatch_bytes_per_token is None else extra_dispatch_bytes_per_token
         fmt = None if dispatch_format is None else wire_format(dispatch_format)  # checked even when unused
         if dispatch_bytes_per_token is None:
@@ -128,30 +133,33 @@ class MoeAlltoAll:
             raise ValueError(f"runtime_max_tokens_per_rank={runtime_max} exceeds max_num_tokens="
                              f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
         # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
-        if F.debug_checks_due():
+        if self._debug and F.debug_checks_due(True):
             self._check_same_call(runtime_max)
-        quant = dict(quant_format=quant_format, swizzled_scales=swizzled_scales)
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         if torch.compiler.is_compiling():  # fresh tensors: a traced view or counts tensor must not be kept
             recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                      self.num_experts, timeout_s=timeout_s, global_scale=global_scale, **quant)
+                                      self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
+                                      global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self._debug)
         else:  # eager: one counts tensor and cached views, valid (like the views always were) until the next dispatch
             counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
                                        self.num_experts, timeout_s=timeout_s, recv_counts=self._recv_counts,
-                                       global_scale=global_scale, **quant)
-            recv = self._recv_views(runtime_max, payloads, quant)
+                                       quant_format=quant_format, global_scale=global_scale,
+                                       swizzled_scales=swizzled_scales, debug=self._debug)
+            recv = self._recv_views(runtime_max, payloads, quant_format, swizzled_scales)
         self._pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
         return recv, counts
 
-    def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor], quant: dict) -> list[torch.Tensor]:
+    def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor], quant_format: Optional[str],
+                    swizzled_scales: bool) -> list[torch.Tensor]:
         """The receive views, built once per shape: making them costs more host time than the launch."""
-        key = (runtime_max, tuple((p.dtype, p.shape[1:]) for p in payloads), *quant.values())
+        key = (runtime_max, quant_format, swizzled_scales, *[(p.dtype, p.shape[1:]) for p in payloads])
         views = self._views.get(key)
         if views is None:
             if len(self._views) >= 64:  # many distinct shapes (runtime_max varies per step): start over
                 self._views.clear()
             views = self._views[key] = F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads,
-                                                    **quant)
+                                                    quant_format=quant_format, swizzled_scales=swizzled_scales)
         return list(views)
 
     def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -169,8 +177,9 @@ class MoeAlltoAll:
         num_tokens, runtime_max, counts = self._require_pending("combine")
         hidden, dtype = self._combine_row(None, None)
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
-                           out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s,
-                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format)
+                           out=out, hidden=hidden, dtype=dtype,
+                           timeout_s=self._timeout_s if timeout_s is None else timeout_s,
+                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format, debug=self._debug)
         self._pending = None
         return result
 

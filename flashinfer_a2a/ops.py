@@ -131,7 +131,7 @@ def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
 def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
              dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts, timeout_s,
              quant_format=0, global_scale=None, swizzled_scales=False):
-    get_a2a_module().dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, ep_size, max_num_tokens,
+    get_a2a_module().dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens,
                               top_k, dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank,
                               num_experts, timeout_s, quant_format, global_scale, swizzled_scales)
 
