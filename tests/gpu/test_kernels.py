@@ -64,6 +64,17 @@ def test_small_rows_grouped():
                       minus_one_frac=0.2))
 
 
+def test_long_dispatches():
+    # Thousands of tokens: a chunk late in the grid counts several tiles of 512 tokens before it; ranks with fewer
+    # tokens in the same exchange, int64 and int32 ids on one workspace.
+    sim = None
+    for id_dtype in (torch.int64, torch.int32):
+        sim = run_case(Case(4, 8, 256, 64, [3000, 700, 0, 1025], 3000, id_dtype=id_dtype, minus_one_frac=0.2),
+                       sim=sim)
+    # Eight ranks of 2100 tokens: their grids cannot all be resident at once.
+    run_case(Case(8, 8, 128, 64, [2100] * 8, 2100, extra_payloads=[((56,), torch.float32)]))
+
+
 def test_expert_count_below_ep_size():
     run_case(Case(8, 2, 128, 3, [10, 20, 30, 40, 0, 1, 2, 3], 40))
 

@@ -63,6 +63,11 @@ def check_correctness(group, comm):
                        id_dtype=torch.int32 if i == 2 else torch.int64)
         round_trip(a2a, comm, [128] * n, top_k, hidden, num_experts, seed + 99, skew=float("inf"))  # all to one
         a2a.destroy()
+    # Thousands of tokens: chunks late in the grid count several tiles of tokens before them.
+    a2a = MoeAlltoAll(group, max_num_tokens=3000, top_k=8, num_experts=32 * n, hidden_size=256)
+    for i, tokens in enumerate(([3000] * n, [(1025 + 977 * r) % 3001 for r in range(n)])):
+        round_trip(a2a, comm, tokens, 8, 256, 32 * n, seed + 50 + i, zero_copy=i == 1)
+    a2a.destroy()
 
 
 def check_quantized(group, comm):
