@@ -176,13 +176,13 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   RankMetadata* meta = p.ranks.MyMeta();
   int32_t* routing = reinterpret_cast<int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
 
-  // Tokens before the chunk: per-warp counts only, order-free. Invalid ids are reported by the chunk owning them.
+  // Tiles of kDispatchThreads tokens from token 0. Those before the tile holding t0: per-warp counts only,
+  // order-free. Invalid ids are reported by the chunk owning them.
+  const int first_tile = t0 / kDispatchThreads * kDispatchThreads;
   for (int r = lane; r < ep_size; r += 32) s_warp[warp][r] = 0;
   __syncthreads();  // also publishes the partition's rank table
-  for (int tile = 0; tile < t0; tile += kDispatchThreads) {
-    const int t = tile + threadIdx.x;
-    RankMask mask = {};
-    if (t < t0) mask = TokenRanks(ids, t, p.top_k, part, nullptr, epoch);
+  for (int tile = 0; tile < first_tile; tile += kDispatchThreads) {
+    const RankMask mask = TokenRanks(ids, tile + threadIdx.x, p.top_k, part, nullptr, epoch);
     for (int r = 0; r < ep_size; ++r) {
       const uint32_t bal = __ballot_sync(0xffffffffu, mask.Has(r));
       if (lane == 0) s_warp[warp][r] += __popc(bal);
@@ -196,11 +196,14 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   }
   __syncthreads();
 
-  // The chunk, one token per thread per tile: slot = base + earlier warps' count + earlier lanes' count.
-  for (int tile = t0; tile < t1; tile += kDispatchThreads) {
+  // From there, one token per thread per tile: slot = base + earlier warps' count + earlier lanes' count. Tokens
+  // before t0 in the first of these tiles are counted in the same pass (a pass of their own cost a round trip for
+  // the ids and two barriers); the chunk's own tokens get their routing entries.
+  for (int tile = first_tile; tile < t1; tile += kDispatchThreads) {
     const int t = tile + threadIdx.x;
+    const bool own = t >= t0 && t < t1;
     RankMask mask = {};
-    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, meta, epoch);
+    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch);
     for (int r = 0; r < ep_size; ++r) {
       const uint32_t bal = __ballot_sync(0xffffffffu, mask.Has(r));
       if (lane == 0) {
@@ -219,7 +222,7 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
       s_base[r] = running;
     }
     __syncthreads();
-    if (t < t1) {
+    if (own) {
       int k = 0;
       for (int word = 0; word < kRankMaskWords; ++word) {
         for (uint32_t bits = mask.words[word]; bits != 0; bits &= bits - 1) {
