@@ -143,11 +143,16 @@ def _debug(debug: Optional[bool]) -> bool:
     return _config.debug() if debug is None else debug
 
 
+def _eager() -> bool:
+    """Neither tracing nor capturing a CUDA graph (a torch without CUDA captures nothing)."""
+    return not torch.compiler.is_compiling() and not (torch.cuda.is_available()
+                                                      and torch.cuda.is_current_stream_capturing())
+
+
 def debug_checks_due(debug: Optional[bool] = None) -> bool:
     """Whether the eager debug check should run now: ``debug`` (default ``FLASHINFER_A2A_DEBUG``) and an eager
     call that is neither deferred (simulated ranks) nor captured."""
-    return (_debug(debug) and not DEFER_DEBUG_CHECKS.get() and not torch.compiler.is_compiling()
-            and not torch.cuda.is_current_stream_capturing())
+    return _debug(debug) and not DEFER_DEBUG_CHECKS.get() and _eager()
 
 
 def _debug_check(workspace: torch.Tensor, ep_rank: int, debug: Optional[bool]) -> None:
@@ -248,7 +253,7 @@ def launch_dispatch(
         if p.dim() < 1 or p.shape[0] != num_tokens:
             raise ValueError(f"payloads[{i}] must be [num_tokens={num_tokens}, ...], got {tuple(p.shape)}")
     debug = _debug(debug)
-    if debug and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+    if debug and _eager():
         _check_topk_ids_on_host(topk_ids, num_experts)  # waits on this rank's stream only: never on peers
     if recv_counts is None:
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)

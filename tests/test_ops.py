@@ -235,3 +235,20 @@ def test_plain_eager_calls_skip_the_dispatcher_and_modes_do_not(monkeypatch):
     metainfo.fill_(-1)
     ops.initialize(workspace, metainfo, 1, *config.sizes())  # the implementation, directly
     assert int(metainfo[ops.METAINFO_NAMES.index("bytes_per_rank")]) == config.bytes_per_rank
+
+
+def test_debug_argument_overrides_the_environment(monkeypatch):
+    """debug=True runs the host id check without FLASHINFER_A2A_DEBUG; debug=False skips it with the variable set
+    (the C++ entry then refuses the CPU workspace instead: the check is the only step before it)."""
+    config = fa.WorkspaceConfig(2, 16, 4096, 512, top_k=4)
+    workspace = empty_workspace(2, config.bytes_per_rank, "cpu")
+    ids = torch.tensor([[0, 1, 2, 9]], dtype=torch.int32)  # 9: not one of the 8 experts
+    x = torch.zeros(1, 256, dtype=torch.bfloat16)
+    monkeypatch.delenv("FLASHINFER_A2A_DEBUG", raising=False)
+    with pytest.raises(ValueError, match="expert id 9"):
+        fa.dispatch(workspace, 0, config, ids, [x], 16, 8, debug=True)
+    monkeypatch.setenv("FLASHINFER_A2A_DEBUG", "1")
+    with pytest.raises(ValueError, match="expert id 9"):
+        fa.dispatch(workspace, 0, config, ids, [x], 16, 8)  # debug=None: the variable
+    with pytest.raises(ValueError, match="workspace must be a CUDA tensor"):
+        fa.dispatch(workspace, 0, config, ids, [x], 16, 8, debug=False)
