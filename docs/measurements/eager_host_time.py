@@ -1,0 +1,90 @@
+"""Host time of eager calls, layer by layer, on one GPU: a one-rank MoeAlltoAll (DeepSeek-V3 rows, int32 ids and fp32
+weights), median over 3000 calls after 200 untimed pairs.
+
+    taskset -c 3 python docs/measurements/eager_host_time.py     # one GPU; pinning steadies the numbers
+
+Prints, at 1 and 128 tokens: MoeAlltoAll.dispatch and .combine per call and a back-to-back eager pair, then the
+layers under dispatch (functional.launch_dispatch, the op, its implementation, the tvm-ffi call) and, for scale, a
+trivial tvm-ffi call and a trivial torch op. One H200, 2026-11-24, three rounds each interleaved with commit
+80e5259: dispatch 10.2-10.9 us (15.0-15.6 before), combine 9.0-9.4 us (11.6-12.6), the pair 20.4-21.6 us
+(28.1-30.6); the tvm-ffi call into C++ is 4.6-4.9 us of a dispatch (docs/benchmarks.md).
+"""
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import flashinfer_a2a.functional as F
+from flashinfer_a2a import MoeAlltoAll, ops
+from flashinfer_a2a.jit import get_a2a_module
+from flashinfer_a2a.reference import random_topk_ids
+
+CALLS = 3000
+HIDDEN, TOP_K, EXPERTS, MAX_TOKENS = 7168, 8, 256, 8192
+
+
+def per_call_us(fn, calls: int = CALLS) -> float:
+    """Median host time of fn() in us (the device is synchronized every 200 calls so its queue never fills)."""
+    times = []
+    for i in range(calls):
+        start = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - start)
+        if i % 200 == 199:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(times[calls // 5 :]) / 1e3
+
+
+def main() -> None:
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29531", rank=0, world_size=1)
+    a2a = MoeAlltoAll(max_num_tokens=MAX_TOKENS, top_k=TOP_K, num_experts=EXPERTS, hidden_size=HIDDEN)
+    module = get_a2a_module()
+    config, workspace, counts = a2a.config, a2a.workspace, torch.empty(1, dtype=torch.int32, device="cuda")
+    for tokens in (1, 128):
+        ids = random_topk_ids(tokens, TOP_K, EXPERTS).cuda()
+        payloads = [torch.randn(tokens, HIDDEN, device="cuda").to(torch.bfloat16), ids,
+                    torch.rand(tokens, TOP_K, device="cuda")]
+        host = {"dispatch": [], "combine": []}
+
+        def pair():
+            start = time.perf_counter_ns()
+            a2a.dispatch(ids, payloads)
+            middle = time.perf_counter_ns()
+            a2a.combine()
+            host["dispatch"].append(middle - start)
+            host["combine"].append(time.perf_counter_ns() - middle)
+
+        for _ in range(200):
+            pair()
+        torch.cuda.synchronize()
+        host = {"dispatch": [], "combine": []}
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            pair()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / CALLS * 1e6
+        print(f"{tokens} tokens: MoeAlltoAll.dispatch {statistics.median(host['dispatch']) / 1e3:.2f} us, "
+              f"combine {statistics.median(host['combine']) / 1e3:.2f} us, eager pair back to back {wall:.2f} us")
+        # The layers under dispatch, called as MoeAlltoAll calls them (each call a dispatch of its own).
+        args = (workspace, ids, payloads, counts, 0, *config.sizes(), MAX_TOKENS, EXPERTS, 10.0, 0, None, False)
+        layers = {
+            "functional.launch_dispatch": lambda: F.launch_dispatch(workspace, 0, config, ids, payloads, MAX_TOKENS,
+                                                                    EXPERTS, recv_counts=counts, timeout_s=10.0,
+                                                                    debug=False),
+            "ops.dispatch": lambda: ops.dispatch(*args),
+            "ops.dispatch.impl": lambda: ops.dispatch.impl(*args),
+            "tvm-ffi dispatch": lambda: module.dispatch(*args),
+            "tvm-ffi get_workspace_size": lambda: module.get_workspace_size(*config.sizes()),
+            "torch x.add_(0)": lambda: payloads[0].add_(0),
+        }
+        for name, fn in layers.items():
+            print(f"  {name} {per_call_us(fn):.2f} us")
+    a2a.destroy()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
