@@ -11,8 +11,8 @@
 //     the division.
 //   mx_exponent: for every amax >= +0 (and a NaN), MxExponent equals the reference's frexp form, and its scaling
 //     factor 2^-e built from bits equals ldexpf(1, -e).
-//   e2m1: for all 2^32 fp32 bit patterns, E2m1CodeBits equals the reference's count of rounding midpoints below
-//     |v| (plus the 2^23 it carries).
+//   e2m1: for all 2^32 fp32 bit patterns v, E2m1MagnitudeBits(E2m1Magnitude(v)) equals the reference's count of
+//     rounding midpoints below |v| (plus the 2^23 it carries).
 // Prints "<check>: <cases> cases, <n> differ" and exits 1 if any differs.
 #include <math.h>
 #include <stdint.h>
@@ -89,20 +89,18 @@ static long long fp8_random_fp32(long long n, long long* cases) {
   return differ;
 }
 
-// The reference's E2M1 code and E2m1CodeBits.
+// The reference's E2M1 magnitude code and E2m1MagnitudeBits (the sign bit is the input's, taken apart).
 static uint32_t e2m1_reference(float v) {
   const float a = fabsf(v);
-  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
-                        (a > 5.0f);
-  return code | (signbit(v) ? 8u : 0u);
+  return (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
 }
-static uint32_t e2m1_code(float v) {  // E2m1CodeBits, less the 2^23 it carries
+static uint32_t e2m1_code(float v) {  // E2m1MagnitudeBits(E2m1Magnitude(v)), less the 2^23 it carries
   const float round = 8388608.0f;
   const float a = isnan(v) ? 0.0f : fabsf(v);  // the GPU's max(|v|, 0), which returns 0 for every NaN (C's fmaxf
                                                // returns NaN for a signaling one)
   const float r = fminf(fminf(fmaf(a, 2.0f, round), fmaf(a, 1.0f, round + 2.0f)),
                         fminf(fmaf(a, 0.5f, round + 4.0f), round + 7.0f));
-  return (bits(r) | ((bits(v) >> 28) & 8u)) - 0x4B000000u;
+  return bits(r) - 0x4B000000u;
 }
 // The reference's MXFP8 exponent (frexp) and MxExponent (bits), with the scaling factor 2^-e built from bits.
 static int mx_exponent_reference(float amax) {

@@ -57,32 +57,54 @@ __device__ __forceinline__ float FromE4m3(uint8_t bits) {
 // three rounded values, each one fma adding 2^23 (whose sum's low bits then hold the integer).
 constexpr float kE2m1Round = 8388608.0f;          // 2^23
 constexpr uint32_t kE2m1RoundBits = 0x4B000000u;  // its bits: a code k rounds to kE2m1RoundBits + k
-// kE2m1RoundBits + the 4-bit E2M1 code of v: round to nearest even, saturating at +-6, the sign in bit 3 (kept when
-// v rounds to zero). Equal to the reference (count the rounding midpoints below |v|) for all 2^32 inputs, NaN
-// (code 0) included (tests/test_quant_identities.py); tests/gpu/test_quant_conversions.py checks it on the GPU.
-__device__ __forceinline__ uint32_t E2m1CodeBits(float v) {
-  const float a = fmaxf(fabsf(v), 0.0f);  // NaN -> 0
+// kE2m1RoundBits + the 3-bit E2M1 code of a magnitude a (+0 or more, not NaN): round to nearest even, saturating at
+// 6. Equal to the reference's (count the rounding midpoints below a) for every such a
+// (tests/test_quant_identities.py); tests/gpu/test_quant_conversions.py checks it on the GPU.
+__device__ __forceinline__ uint32_t E2m1MagnitudeBits(float a) {
   const float r = fminf(fminf(__fmaf_rn(a, 2.0f, kE2m1Round), __fmaf_rn(a, 1.0f, kE2m1Round + 2.0f)),
                         fminf(__fmaf_rn(a, 0.5f, kE2m1Round + 4.0f), kE2m1Round + 7.0f));
-  return __float_as_uint(r) | ((__float_as_uint(v) >> 28) & 8u);
+  return __float_as_uint(r);
 }
 
-// Eight E2M1 codes, element i in bits 4i..4i+3 (two per byte, low nibble first).
-__device__ __forceinline__ uint32_t ToE2m1x8(const float (&v)[8]) {
+// The codes of eight values are taken as magnitudes and signs apart. E2m1Magnitude is |v| with a NaN as 0 (its code,
+// as the reference's count of midpoints gives it); E2m1Signs puts element i's sign in bit 4i + 3, from fp32 values
+// or from eight 16-bit floats (bf16 or fp16, two per word, low half first), whose high bytes (the signs') four byte
+// permutes pick into words of the even and the odd elements.
+__device__ __forceinline__ float E2m1Magnitude(float v) { return fmaxf(fabsf(v), 0.0f); }
+__device__ __forceinline__ uint32_t E2m1Signs(const float (&v)[8]) {
+  uint32_t signs = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) signs |= (__float_as_uint(v[i]) >> 31) << (4 * i + 3);
+  return signs;
+}
+__device__ __forceinline__ uint32_t E2m1Signs(const uint4& halves) {
+  const uint32_t first = __byte_perm(halves.x, halves.y, 0x7351);  // elements 0, 2, 1, 3
+  const uint32_t last = __byte_perm(halves.z, halves.w, 0x7351);   // elements 4, 6, 5, 7
+  const uint32_t even = __byte_perm(first, last, 0x5410);          // sign of element 2j in bit 8j + 7
+  const uint32_t odd = __byte_perm(first, last, 0x7632);           // sign of element 2j + 1 in bit 8j + 7
+  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+}
+
+// Eight E2M1 codes, element i in bits 4i..4i+3 (two per byte, low nibble first), from magnitudes (+0 or more, not
+// NaN) and their signs (E2m1Signs).
+__device__ __forceinline__ uint32_t ToE2m1x8(const float (&magnitudes)[8], uint32_t signs) {
 #if defined(CUDA_PTX_FP4FP6_CVT_ENABLED)
   cutlass::Array<float, 8> in;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) in[i] = fminf(fmaxf(v[i], -kE2m1Max), kE2m1Max);
+  for (int i = 0; i < 8; ++i) in[i] = fminf(magnitudes[i], kE2m1Max);
   const auto out = cutlass::NumericArrayConverter<cutlass::float_e2m1_t, float, 8>::convert(in);
-  return reinterpret_cast<const uint32_t&>(out);
+  return reinterpret_cast<const uint32_t&>(out) | signs;
 #else
-  // One shift-and-add per code, of E2m1CodeBits: the kE2m1RoundBits each carries, shifted by 4i, sum (mod 2^32)
-  // to kE2m1RoundBits + (kE2m1RoundBits << 4), taken off once.
-  constexpr uint32_t kCarried = kE2m1RoundBits + (kE2m1RoundBits << 4);
-  uint32_t codes = 0;
+  // Byte j is the low byte of E2m1MagnitudeBits(a[2j]) + (E2m1MagnitudeBits(a[2j + 1]) << 4): the codes are at most
+  // 7, so nothing carries out of it, and the kE2m1RoundBits each carries stay in the bytes above.
+  uint32_t pairs[4];
 #pragma unroll
-  for (int i = 7; i >= 0; --i) codes = (codes << 4) + E2m1CodeBits(v[i]);
-  return codes - kCarried;
+  for (int j = 0; j < 4; ++j) {
+    pairs[j] = E2m1MagnitudeBits(magnitudes[2 * j]) + (E2m1MagnitudeBits(magnitudes[2 * j + 1]) << 4);
+  }
+  const uint32_t codes =
+      __byte_perm(__byte_perm(pairs[0], pairs[1], 0x0040), __byte_perm(pairs[2], pairs[3], 0x0040), 0x5410);
+  return codes | signs;
 #endif
 }
 
@@ -153,11 +175,15 @@ __device__ __forceinline__ float Nvfp4Inverse(uint8_t sf, float global_scale) {
   const float scale = FromE4m3(sf);
   return scale == 0.0f ? 0.0f : __fdiv_rn(global_scale, scale);
 }
-__device__ __forceinline__ uint32_t Nvfp4Codes(const float (&x)[8], float inverse) {
+// The codes of x * inverse from the magnitudes of x (E2m1Magnitude) and E2m1Signs of x, which are those of the
+// products: an inverse is 0 or positive (a scale is non-zero only where global_scale * amax / 6 is positive), so
+// |x| * inverse is the product's magnitude and x its sign, zeros included (a product can be NaN only for a NaN or
+// infinite x or a global scale above 2^119, outside the reference's bit-exact domain).
+__device__ __forceinline__ uint32_t Nvfp4Codes(const float (&magnitudes)[8], float inverse, uint32_t signs) {
   float scaled[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) scaled[i] = __fmul_rn(x[i], inverse);
-  return ToE2m1x8(scaled);
+  for (int i = 0; i < 8; ++i) scaled[i] = __fmul_rn(magnitudes[i], inverse);
+  return ToE2m1x8(scaled, signs);
 }
 
 }  // namespace flashinfer_a2a::quant

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "float_convert.cuh"
 #include "protocol.cuh"
@@ -51,21 +52,52 @@ __device__ __forceinline__ void FillNvfp4Inverses(const DispatchQuant& q, float*
   }
 }
 
-// nvfp4_inverse: FillNvfp4Inverses' table (NVFP4 only).
-template <QuantFormat F>
-__device__ __forceinline__ LaneQuant QuantizeLane(const float (&x)[kQuantLaneElems], float global_scale,
-                                                  const float* nvfp4_inverse) {
-  constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // lanes per scale block
-  float amax = 0.0f;
+template <typename T>
+__device__ __forceinline__ void UnpackLaneElems(const uint4& raw, float (&x)[kQuantLaneElems]) {
+  const T* h = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-  for (int i = 0; i < kQuantLaneElems; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  for (int i = 0; i < kQuantLaneElems; ++i) x[i] = FloatConvert<T>::ToFloat(h[i]);
+}
+
+// The magnitudes of one lane's elements, a NaN as 0 (a packed maximum of |x| and 0 per pair: NaN gives the other
+// operand), unpacked into a; returns their maximum, as fmaxf(0, |x_0|, ..., |x_7|) would give it.
+template <typename T>
+__device__ __forceinline__ float UnpackMagnitudes(const uint4& raw, float (&a)[kQuantLaneElems]) {
+  using Convert = FloatConvert<T>;
+  typename Convert::Pair pairs[kQuantLaneElems / 2];
+  memcpy(pairs, &raw, sizeof(pairs));
+#pragma unroll
+  for (int k = 0; k < kQuantLaneElems / 2; ++k) {
+    pairs[k] = __hmax2(__habs2(pairs[k]), Convert::ZeroPair());
+    a[2 * k] = Convert::Low(pairs[k]);
+    a[2 * k + 1] = Convert::High(pairs[k]);
+  }
+  const auto m = __hmax2(__hmax2(pairs[0], pairs[1]), __hmax2(pairs[2], pairs[3]));
+  return fmaxf(Convert::Low(m), Convert::High(m));
+}
+
+// One lane's elements (16-bit values in raw) quantized, its block's maximum taken over the kGroup lanes that hold
+// the block; nvfp4_inverse: FillNvfp4Inverses' table (NVFP4 only).
+template <typename T, QuantFormat F>
+__device__ __forceinline__ LaneQuant QuantizeLane(const uint4& raw, float global_scale, const float* nvfp4_inverse) {
+  constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // lanes per scale block
+  LaneQuant out{};
+  float x[kQuantLaneElems];  // NVFP4: the magnitudes (the codes take their signs from raw)
+  float amax;
+  if constexpr (F == QuantFormat::kNvfp4) {
+    amax = UnpackMagnitudes<T>(raw, x);
+  } else {
+    UnpackLaneElems<T>(raw, x);
+    amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kQuantLaneElems; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  }
 #pragma unroll
   for (int m = kGroup / 2; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
 
-  LaneQuant out{};
   if constexpr (F == QuantFormat::kNvfp4) {
     out.scale_bits = quant::Nvfp4ScaleBits(amax, global_scale);
-    out.values[0] = quant::Nvfp4Codes(x, nvfp4_inverse[out.scale_bits]);
+    out.values[0] = quant::Nvfp4Codes(x, nvfp4_inverse[out.scale_bits], quant::E2m1Signs(raw));
     return out;
   }
   uint2 values;
@@ -95,11 +127,14 @@ __device__ __forceinline__ uint4 LoadLaneElems(const T* row, int64_t e0, int hid
   return raw;
 }
 
-template <typename T>
-__device__ __forceinline__ void UnpackLaneElems(const uint4& raw, float (&x)[kQuantLaneElems]) {
-  const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < kQuantLaneElems; ++i) x[i] = FloatConvert<T>::ToFloat(h[i]);
+// Stores one lane's values, all eight, at dst (aligned to their size).
+template <QuantFormat F>
+__device__ __forceinline__ void StoreLaneValues(uint8_t* dst, const LaneQuant& lq) {
+  if constexpr (WireOf(F).elements_per_byte == 2) {
+    *reinterpret_cast<uint32_t*>(dst) = lq.values[0];
+  } else {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(lq.values[0], lq.values[1]);
+  }
 }
 
 // Stores one lane's values at element e0 of a received row (bytes past the row's end are never written).
@@ -109,11 +144,7 @@ __device__ __forceinline__ void StoreLaneValues(uint8_t* row, int64_t e0, int hi
   constexpr int kPerByte = WireOf(F).elements_per_byte;
   uint8_t* dst = row + e0 / kPerByte;
   if (vectorized && e0 + kQuantLaneElems <= hidden) {
-    if constexpr (kPerByte == 2) {
-      *reinterpret_cast<uint32_t*>(dst) = lq.values[0];
-    } else {
-      *reinterpret_cast<uint2*>(dst) = make_uint2(lq.values[0], lq.values[1]);
-    }
+    StoreLaneValues<F>(dst, lq);
     return;
   }
   const int64_t left = hidden - e0 + kPerByte - 1;  // elements from e0 on, rounded up to whole bytes
@@ -194,6 +225,34 @@ __device__ __forceinline__ void StorePieceScales(const DispatchQuant& q, uint8_t
   }
 }
 
+// Stores piece `piece` of a token, quantized (this lane's values in lq, the gathered scales in `scales`), to each of
+// the `num_targets` (rank, slot) entries held by lanes 0..num_targets-1 in `entry`. kWhole: the piece lies inside a
+// row of whole, aligned lanes (every piece of hidden 7168), so its values go at fixed offsets without a test each.
+template <QuantFormat F, bool kWhole>
+__device__ __forceinline__ void StorePiece(const DispatchQuant& q, const Ranks& ranks, int64_t runtime_max, int piece,
+                                           const LaneQuant (&lq)[kQuantRounds], uint32_t scales, int32_t entry,
+                                           int num_targets, int lane) {
+  constexpr int kLaneBytes = kQuantLaneElems / WireOf(F).elements_per_byte;
+  const int64_t src_block = static_cast<int64_t>(ranks.ep_rank) * runtime_max;
+  for (int j = 0; j < num_targets; ++j) {
+    const int32_t e = __shfl_sync(0xffffffffu, entry, j);
+    uint8_t* base = ranks.Base(RouteRank(e));
+    const int64_t slot = RouteSlot(e);
+    uint8_t* values = base + q.values_offset + (src_block + slot) * q.value_row_bytes;
+    uint8_t* lane_values = values + (piece * (kQuantPieceElems / kQuantLaneElems) + lane) * kLaneBytes;
+#pragma unroll
+    for (int u = 0; u < kQuantRounds; ++u) {
+      const int e0 = piece * kQuantPieceElems + (u * 32 + lane) * kQuantLaneElems;
+      if (kWhole) {
+        StoreLaneValues<F>(lane_values + u * 32 * kLaneBytes, lq[u]);
+      } else if (e0 < q.hidden) {
+        StoreLaneValues<F>(values, e0, q.hidden, q.vectorized, lq[u]);
+      }
+    }
+    StorePieceScales<F>(q, base, ranks.ep_rank, src_block + slot, slot, piece * kPieceScales<F>, scales, lane);
+  }
+}
+
 // Quantizes piece `piece` of token t and stores it to each of the `num_targets` (rank, slot) entries held by lanes
 // 0..num_targets-1 in `entry`.
 template <typename T, QuantFormat F>
@@ -202,34 +261,20 @@ __device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Rank
                                               int num_targets, int lane, const float* nvfp4_inverse) {
   const T* row = reinterpret_cast<const T*>(payload) + t * q.hidden;
   uint4 raw[kQuantRounds];  // every load in flight before the first conversion
-  int e0[kQuantRounds];     // hidden < 2^30
 #pragma unroll
   for (int u = 0; u < kQuantRounds; ++u) {
-    e0[u] = piece * kQuantPieceElems + (u * 32 + lane) * kQuantLaneElems;
-    raw[u] = LoadLaneElems<T>(row, e0[u], q.hidden, q.vectorized);
+    raw[u] = LoadLaneElems<T>(row, piece * kQuantPieceElems + (u * 32 + lane) * kQuantLaneElems, q.hidden,
+                              q.vectorized);
   }
   const float global_scale = F == QuantFormat::kNvfp4 ? *q.global_scale : 0.0f;
   LaneQuant lq[kQuantRounds];
 #pragma unroll
-  for (int u = 0; u < kQuantRounds; ++u) {
-    float x[kQuantLaneElems];
-    UnpackLaneElems<T>(raw[u], x);
-    lq[u] = QuantizeLane<F>(x, global_scale, nvfp4_inverse);
-  }
-
+  for (int u = 0; u < kQuantRounds; ++u) lq[u] = QuantizeLane<T, F>(raw[u], global_scale, nvfp4_inverse);
   const uint32_t scales = GatherPieceScales<F>(lq, lane);
-
-  const int64_t src_block = static_cast<int64_t>(ranks.ep_rank) * runtime_max;
-  for (int j = 0; j < num_targets; ++j) {
-    const int32_t e = __shfl_sync(0xffffffffu, entry, j);
-    uint8_t* base = ranks.Base(RouteRank(e));
-    const int64_t slot = RouteSlot(e);
-    uint8_t* values = base + q.values_offset + (src_block + slot) * q.value_row_bytes;
-#pragma unroll
-    for (int u = 0; u < kQuantRounds; ++u) {
-      if (e0[u] < q.hidden) StoreLaneValues<F>(values, e0[u], q.hidden, q.vectorized, lq[u]);
-    }
-    StorePieceScales<F>(q, base, ranks.ep_rank, src_block + slot, slot, piece * kPieceScales<F>, scales, lane);
+  if (q.vectorized && (piece + 1) * kQuantPieceElems <= q.hidden) {
+    StorePiece<F, true>(q, ranks, runtime_max, piece, lq, scales, entry, num_targets, lane);
+  } else {
+    StorePiece<F, false>(q, ranks, runtime_max, piece, lq, scales, entry, num_targets, lane);
   }
 }
 

@@ -46,9 +46,10 @@ __global__ void QuantizeRowsKernel(const float* x, int rows, int hidden, int for
     const float inverse = q::Nvfp4Inverse(sf, global_scale);
     uint8_t* out = values + static_cast<int64_t>(row) * ((hidden + 1) / 2);
     for (int i0 = begin; i0 < end; i0 += 8) {  // the kernels' eight codes; a nibble past the block's end stays 0
-      float x8[8];
+      float x8[8], magnitudes[8];
       for (int i = 0; i < 8; ++i) x8[i] = i0 + i < end ? in[i0 + i] : 0.0f;
-      const uint32_t codes = q::Nvfp4Codes(x8, inverse);
+      for (int i = 0; i < 8; ++i) magnitudes[i] = q::E2m1Magnitude(x8[i]);
+      const uint32_t codes = q::Nvfp4Codes(magnitudes, inverse, q::E2m1Signs(x8));
       for (int i = 0; i < 8 && i0 + i < end; i += 2) {
         const uint32_t mask = i0 + i + 1 < end ? 0xFFu : 0xFu;
         out[(i0 + i) / 2] = static_cast<uint8_t>((codes >> (4 * i)) & mask);
