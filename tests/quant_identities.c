@@ -98,7 +98,7 @@ static uint32_t e2m1_code(float v) {  // E2m1MagnitudeBits(E2m1Magnitude(v)), le
   const float round = 8388608.0f;
   const float a = isnan(v) ? 0.0f : fabsf(v);  // the GPU's max(|v|, 0), which returns 0 for every NaN (C's fmaxf
                                                // returns NaN for a signaling one)
-  const float r = fminf(fminf(fmaf(a, 2.0f, round), fmaf(a, 1.0f, round + 2.0f)),
+  const float r = fminf(fminf(fmaf(a, 2.0f, round), a + (round + 2.0f)),
                         fminf(fmaf(a, 0.5f, round + 4.0f), round + 7.0f));
   return bits(r) - 0x4B000000u;
 }

@@ -35,7 +35,7 @@ __device__ __forceinline__ uint32_t QuantizeCombinePiece(uint8_t* dst, const uin
   LaneQuant lq[kQuantRounds];
 #pragma unroll
   for (int u = 0; u < kQuantRounds; ++u) {
-    lq[u] = QuantizeLane<T, QuantFormat::kFp8Block>(raw[u], 0.0f, nullptr);
+    lq[u] = QuantizeLane<T, QuantFormat::kFp8Block>(raw[u]);
     if (e0[u] < hidden) StoreLaneValues<QuantFormat::kFp8Block>(dst, e0[u], hidden, true, lq[u]);
   }
   return GatherPieceScales<QuantFormat::kFp8Block>(lq, lane);

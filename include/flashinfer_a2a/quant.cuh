@@ -61,7 +61,7 @@ constexpr uint32_t kE2m1RoundBits = 0x4B000000u;  // its bits: a code k rounds t
 // 6. Equal to the reference's (count the rounding midpoints below a) for every such a
 // (tests/test_quant_identities.py); tests/gpu/test_quant_conversions.py checks it on the GPU.
 __device__ __forceinline__ uint32_t E2m1MagnitudeBits(float a) {
-  const float r = fminf(fminf(__fmaf_rn(a, 2.0f, kE2m1Round), __fmaf_rn(a, 1.0f, kE2m1Round + 2.0f)),
+  const float r = fminf(fminf(__fmaf_rn(a, 2.0f, kE2m1Round), __fadd_rn(a, kE2m1Round + 2.0f)),
                         fminf(__fmaf_rn(a, 0.5f, kE2m1Round + 4.0f), kE2m1Round + 7.0f));
   return __float_as_uint(r);
 }

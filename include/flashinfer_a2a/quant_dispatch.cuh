@@ -52,6 +52,7 @@ __device__ __forceinline__ void FillNvfp4Inverses(const DispatchQuant& q, float*
   }
 }
 
+// One lane's eight 16-bit values (bf16|fp16, T), as fp32.
 template <typename T>
 __device__ __forceinline__ void UnpackLaneElems(const uint4& raw, float (&x)[kQuantLaneElems]) {
   const T* h = reinterpret_cast<const T*>(&raw);
@@ -59,47 +60,20 @@ __device__ __forceinline__ void UnpackLaneElems(const uint4& raw, float (&x)[kQu
   for (int i = 0; i < kQuantLaneElems; ++i) x[i] = FloatConvert<T>::ToFloat(h[i]);
 }
 
-// The magnitudes of one lane's elements, a NaN as 0 (a packed maximum of |x| and 0 per pair: NaN gives the other
-// operand), unpacked into a; returns their maximum, as fmaxf(0, |x_0|, ..., |x_7|) would give it.
-template <typename T>
-__device__ __forceinline__ float UnpackMagnitudes(const uint4& raw, float (&a)[kQuantLaneElems]) {
-  using Convert = FloatConvert<T>;
-  typename Convert::Pair pairs[kQuantLaneElems / 2];
-  memcpy(pairs, &raw, sizeof(pairs));
-#pragma unroll
-  for (int k = 0; k < kQuantLaneElems / 2; ++k) {
-    pairs[k] = __hmax2(__habs2(pairs[k]), Convert::ZeroPair());
-    a[2 * k] = Convert::Low(pairs[k]);
-    a[2 * k + 1] = Convert::High(pairs[k]);
-  }
-  const auto m = __hmax2(__hmax2(pairs[0], pairs[1]), __hmax2(pairs[2], pairs[3]));
-  return fmaxf(Convert::Low(m), Convert::High(m));
-}
-
-// One lane's elements (16-bit values in raw) quantized, its block's maximum taken over the kGroup lanes that hold
-// the block; nvfp4_inverse: FillNvfp4Inverses' table (NVFP4 only).
+// One lane's elements (16-bit values in raw) quantized into FP8 block or MXFP8, its block's maximum taken over the
+// kGroup lanes that hold the block.
 template <typename T, QuantFormat F>
-__device__ __forceinline__ LaneQuant QuantizeLane(const uint4& raw, float global_scale, const float* nvfp4_inverse) {
+__device__ __forceinline__ LaneQuant QuantizeLane(const uint4& raw) {
+  static_assert(F == QuantFormat::kFp8Block || F == QuantFormat::kMxfp8, "NVFP4: QuantizeNvfp4Rounds");
   constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // lanes per scale block
-  LaneQuant out{};
-  float x[kQuantLaneElems];  // NVFP4: the magnitudes (the codes take their signs from raw)
-  float amax;
-  if constexpr (F == QuantFormat::kNvfp4) {
-    amax = UnpackMagnitudes<T>(raw, x);
-  } else {
-    UnpackLaneElems<T>(raw, x);
-    amax = 0.0f;
+  float x[kQuantLaneElems];
+  UnpackLaneElems<T>(raw, x);
+  float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kQuantLaneElems; ++i) amax = fmaxf(amax, fabsf(x[i]));
-  }
+  for (int i = 0; i < kQuantLaneElems; ++i) amax = fmaxf(amax, fabsf(x[i]));
 #pragma unroll
   for (int m = kGroup / 2; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-
-  if constexpr (F == QuantFormat::kNvfp4) {
-    out.scale_bits = quant::Nvfp4ScaleBits(amax, global_scale);
-    out.values[0] = quant::Nvfp4Codes(x, nvfp4_inverse[out.scale_bits], quant::E2m1Signs(raw));
-    return out;
-  }
+  LaneQuant out{};
   uint2 values;
   if constexpr (F == QuantFormat::kFp8Block) {
     out.scale = quant::Fp8BlockScale(amax);
@@ -112,6 +86,62 @@ __device__ __forceinline__ LaneQuant QuantizeLane(const uint4& raw, float global
   out.values[0] = values.x;
   out.values[1] = values.y;
   return out;
+}
+
+// The largest magnitude of one lane's elements, as fmaxf(0, |x_0|, ..., |x_7|) gives it (a packed maximum returns
+// the other operand for a NaN; a pair of NaNs leaves NaN, which the last maximum with 0 drops).
+template <typename T>
+__device__ __forceinline__ float LaneAbsMax(const uint4& raw) {
+  using Convert = FloatConvert<T>;
+  typename Convert::Pair p[kQuantLaneElems / 2];
+  memcpy(p, &raw, sizeof(p));
+  const auto m = __hmax2(__hmax2(__habs2(p[0]), __habs2(p[1])), __hmax2(__habs2(p[2]), __habs2(p[3])));
+  return fmaxf(fmaxf(0.0f, Convert::Low(m)), Convert::High(m));
+}
+
+// The magnitudes of one lane's elements, still packed, a NaN as 0 (a packed maximum of |x| and 0).
+template <typename T>
+__device__ __forceinline__ uint4 PackedMagnitudes(const uint4& raw) {
+  using Convert = FloatConvert<T>;
+  typename Convert::Pair pairs[kQuantLaneElems / 2];
+  memcpy(pairs, &raw, sizeof(pairs));
+#pragma unroll
+  for (int k = 0; k < kQuantLaneElems / 2; ++k) pairs[k] = __hmax2(__habs2(pairs[k]), Convert::ZeroPair());
+  uint4 magnitudes;
+  memcpy(&magnitudes, pairs, sizeof(pairs));
+  return magnitudes;
+}
+
+// NVFP4 for all rounds of a lane. A block (16 elements) is held by a pair of lanes, so both would compute its scale;
+// instead, for each two rounds the even lane computes the first round's scale and the odd lane the second's, and
+// they swap (one scale computation where there were two: it divides). The codes are rounded from the magnitudes
+// and take the inputs' sign bits (quant::Nvfp4Codes).
+template <typename T>
+__device__ __forceinline__ void QuantizeNvfp4Rounds(const uint4 (&raw)[kQuantRounds], float global_scale,
+                                                    const float* nvfp4_inverse, int lane,
+                                                    LaneQuant (&lq)[kQuantRounds]) {
+  static_assert(kQuantRounds % 2 == 0 && WireOf(QuantFormat::kNvfp4).block == 2 * kQuantLaneElems, "lane pairs");
+  const bool odd = lane & 1;
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; u += 2) {
+    float amax[2];
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      amax[v] = LaneAbsMax<T>(raw[u + v]);
+      amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], 1));
+    }
+    const uint8_t mine = quant::Nvfp4ScaleBits(odd ? amax[1] : amax[0], global_scale);
+    const uint8_t theirs = static_cast<uint8_t>(__shfl_xor_sync(0xffffffffu, mine, 1));
+    lq[u].scale_bits = odd ? theirs : mine;
+    lq[u + 1].scale_bits = odd ? mine : theirs;
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      float a[kQuantLaneElems];
+      UnpackLaneElems<T>(PackedMagnitudes<T>(raw[u + v]), a);
+      lq[u + v].values[0] =
+          quant::Nvfp4Codes(a, nvfp4_inverse[lq[u + v].scale_bits], quant::E2m1Signs(raw[u + v]));
+    }
+  }
 }
 
 // One lane's 8 elements of a bf16|fp16 row from element e0, as 16 raw bytes (zeros past the row's end).
@@ -266,10 +296,13 @@ __device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Rank
     raw[u] = LoadLaneElems<T>(row, piece * kQuantPieceElems + (u * 32 + lane) * kQuantLaneElems, q.hidden,
                               q.vectorized);
   }
-  const float global_scale = F == QuantFormat::kNvfp4 ? *q.global_scale : 0.0f;
   LaneQuant lq[kQuantRounds];
+  if constexpr (F == QuantFormat::kNvfp4) {
+    QuantizeNvfp4Rounds<T>(raw, *q.global_scale, nvfp4_inverse, lane, lq);
+  } else {
 #pragma unroll
-  for (int u = 0; u < kQuantRounds; ++u) lq[u] = QuantizeLane<T, F>(raw[u], global_scale, nvfp4_inverse);
+    for (int u = 0; u < kQuantRounds; ++u) lq[u] = QuantizeLane<T, F>(raw[u]);
+  }
   const uint32_t scales = GatherPieceScales<F>(lq, lane);
   if (q.vectorized && (piece + 1) * kQuantPieceElems <= q.hidden) {
     StorePiece<F, true>(q, ranks, runtime_max, piece, lq, scales, entry, num_targets, lane);

@@ -21,7 +21,7 @@ def _rows(hidden: int, gen: torch.Generator) -> torch.Tensor:
     infinity under a large global scale), and exact ties of the E2M1 and E4M3 grids."""
     gauss = torch.randn(8, hidden, generator=gen) * 3
     heavy = torch.distributions.StudentT(2.0).sample((8, hidden)) * 0.5
-    zeros = torch.zeros(2, hidden)
+    zeros = torch.tensor([[0.0], [-0.0]]).expand(2, hidden)  # the codes of -0 keep its sign
     tiny = torch.randn(2, hidden, generator=gen) * 1e-30
     huge = torch.randn(2, hidden, generator=gen) * 1e37
     ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.75, -0.1, 272.0 / 448 * 6, 1.0])

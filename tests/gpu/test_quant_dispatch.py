@@ -39,10 +39,11 @@ FORMATS = [("fp8_block", False), ("mxfp8", False), ("mxfp8", True), ("nvfp4", Fa
 
 
 def hidden_states(n: int, shape: Shape, gen: torch.Generator, device) -> torch.Tensor:
-    """Rows of very different magnitudes, a zero row, tiny (subnormal-scale) rows: every scale path."""
+    """Rows of very different magnitudes, a row of zeros of both signs (the codes keep the sign), tiny
+    (subnormal-scale) rows: every scale path."""
     x = torch.randn(n, shape.hidden, generator=gen) * torch.pow(10.0, torch.empty(n, 1).uniform_(-3, 3, generator=gen))
     if n > 2:
-        x[1] = 0.0
+        x[1] = torch.where(torch.arange(shape.hidden) % 3 == 1, -0.0, 0.0)
         x[2] *= 1e-6
     x = x.to(shape.dtype)
     if not shape.misaligned:
