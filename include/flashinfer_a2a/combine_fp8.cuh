@@ -33,9 +33,9 @@ __device__ __forceinline__ uint32_t QuantizeCombinePiece(uint8_t* dst, const uin
   }
   __syncwarp();
   LaneQuant lq[kQuantRounds];
+  QuantizeRounds<T, QuantFormat::kFp8Block>(raw, lane, lq);
 #pragma unroll
   for (int u = 0; u < kQuantRounds; ++u) {
-    lq[u] = QuantizeLane<T, QuantFormat::kFp8Block>(raw[u]);
     if (e0[u] < hidden) StoreLaneValues<QuantFormat::kFp8Block>(dst, e0[u], hidden, true, lq[u]);
   }
   return GatherPieceScales<QuantFormat::kFp8Block>(lq, lane);

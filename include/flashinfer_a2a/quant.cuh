@@ -130,9 +130,8 @@ __device__ __forceinline__ float Fp8BlockScale(float amax) {
   return a == INFINITY ? a : Fp8BlockQuotient(a, kE4m3Max, 1.0f / kE4m3Max);
 }
 
-// The E4M3 values of eight elements of one FP8 block, element i in byte i.
-__device__ __forceinline__ uint2 Fp8BlockValues(const float (&x)[8], float scale) {
-  const float inverse = __frcp_rn(scale);
+// The E4M3 values of eight elements of one FP8 block, element i in byte i; inverse = __frcp_rn(scale).
+__device__ __forceinline__ uint2 Fp8BlockValues(const float (&x)[8], float scale, float inverse) {
   float q[8];
   if (inverse != 0.0f) {  // one test per lane: a test per element made every quotient a branch of its own
 #pragma unroll

@@ -60,34 +60,6 @@ __device__ __forceinline__ void UnpackLaneElems(const uint4& raw, float (&x)[kQu
   for (int i = 0; i < kQuantLaneElems; ++i) x[i] = FloatConvert<T>::ToFloat(h[i]);
 }
 
-// One lane's elements (16-bit values in raw) quantized into FP8 block or MXFP8, its block's maximum taken over the
-// kGroup lanes that hold the block.
-template <typename T, QuantFormat F>
-__device__ __forceinline__ LaneQuant QuantizeLane(const uint4& raw) {
-  static_assert(F == QuantFormat::kFp8Block || F == QuantFormat::kMxfp8, "NVFP4: QuantizeNvfp4Rounds");
-  constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // lanes per scale block
-  float x[kQuantLaneElems];
-  UnpackLaneElems<T>(raw, x);
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kQuantLaneElems; ++i) amax = fmaxf(amax, fabsf(x[i]));
-#pragma unroll
-  for (int m = kGroup / 2; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-  LaneQuant out{};
-  uint2 values;
-  if constexpr (F == QuantFormat::kFp8Block) {
-    out.scale = quant::Fp8BlockScale(amax);
-    values = quant::Fp8BlockValues(x, out.scale);
-  } else {
-    const int e = quant::MxExponent(amax);
-    out.scale_bits = quant::MxScaleByte(e);
-    values = quant::Mxfp8Values(x, e);
-  }
-  out.values[0] = values.x;
-  out.values[1] = values.y;
-  return out;
-}
-
 // The largest magnitude of one lane's elements, as fmaxf(0, |x_0|, ..., |x_7|) gives it (a packed maximum returns
 // the other operand for a NaN; a pair of NaNs leaves NaN, which the last maximum with 0 drops).
 template <typename T>
@@ -110,6 +82,65 @@ __device__ __forceinline__ uint4 PackedMagnitudes(const uint4& raw) {
   uint4 magnitudes;
   memcpy(&magnitudes, pairs, sizeof(pairs));
   return magnitudes;
+}
+
+// The block maxima of all four rounds over a group of kGroup lanes (4 or more) that hold one scale block of each
+// round, transposed: lane returns the whole maximum of round (lane % kGroup) / (kGroup / 4) of its group. The first
+// two butterfly steps send half the rounds each (the ones the partner keeps), so a group reduces four values in
+// log2(kGroup) + 1 shuffles instead of 4 * log2(kGroup), and the scale is then computed once per lane, not once per
+// round.
+template <int kGroup>
+__device__ __forceinline__ float TransposedRoundMax(const float (&m)[kQuantRounds], int lane) {
+  static_assert(kQuantRounds == 4 && kGroup >= 4 && (kGroup & (kGroup - 1)) == 0, "four rounds over 4+ lanes");
+  const bool upper = lane & (kGroup / 2);  // keeps rounds 2 and 3
+  float keep0 = fmaxf(upper ? m[2] : m[0], __shfl_xor_sync(0xffffffffu, upper ? m[0] : m[2], kGroup / 2));
+  float keep1 = fmaxf(upper ? m[3] : m[1], __shfl_xor_sync(0xffffffffu, upper ? m[1] : m[3], kGroup / 2));
+  const bool second = lane & (kGroup / 4);  // keeps the odd round of the two
+  float round_max = fmaxf(second ? keep1 : keep0, __shfl_xor_sync(0xffffffffu, second ? keep0 : keep1, kGroup / 4));
+#pragma unroll
+  for (int mask = kGroup / 8; mask >= 1; mask /= 2) {
+    round_max = fmaxf(round_max, __shfl_xor_sync(0xffffffffu, round_max, mask));
+  }
+  return round_max;
+}
+
+// FP8 block or MXFP8 for all rounds of a lane: the block maxima reduced transposed (TransposedRoundMax), each lane
+// computing the scale of one round, which the lanes of the group then read from each other.
+template <typename T, QuantFormat F>
+__device__ __forceinline__ void QuantizeRounds(const uint4 (&raw)[kQuantRounds], int lane,
+                                               LaneQuant (&lq)[kQuantRounds]) {
+  static_assert(F == QuantFormat::kFp8Block || F == QuantFormat::kMxfp8, "NVFP4: QuantizeNvfp4Rounds");
+  constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // lanes per scale block
+  float amax[kQuantRounds];
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) amax[u] = LaneAbsMax<T>(raw[u]);
+  const float round_max = TransposedRoundMax<kGroup>(amax, lane);
+  const int group = lane & ~(kGroup - 1);
+  float scale = 0.0f, inverse = 0.0f;
+  int exponent = 0;
+  if constexpr (F == QuantFormat::kFp8Block) {
+    scale = quant::Fp8BlockScale(round_max);
+    inverse = __frcp_rn(scale);
+  } else {
+    exponent = quant::MxExponent(round_max);
+  }
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) {
+    const int holder = group + u * (kGroup / 4);  // a lane of the group that computed round u's scale
+    float x[kQuantLaneElems];
+    UnpackLaneElems<T>(raw[u], x);
+    uint2 values;
+    if constexpr (F == QuantFormat::kFp8Block) {
+      lq[u].scale = __shfl_sync(0xffffffffu, scale, holder);
+      values = quant::Fp8BlockValues(x, lq[u].scale, __shfl_sync(0xffffffffu, inverse, holder));
+    } else {
+      const int e = __shfl_sync(0xffffffffu, exponent, holder);
+      lq[u].scale_bits = quant::MxScaleByte(e);
+      values = quant::Mxfp8Values(x, e);
+    }
+    lq[u].values[0] = values.x;
+    lq[u].values[1] = values.y;
+  }
 }
 
 // NVFP4 for all rounds of a lane. A block (16 elements) is held by a pair of lanes, so both would compute its scale;
@@ -300,8 +331,7 @@ __device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Rank
   if constexpr (F == QuantFormat::kNvfp4) {
     QuantizeNvfp4Rounds<T>(raw, *q.global_scale, nvfp4_inverse, lane, lq);
   } else {
-#pragma unroll
-    for (int u = 0; u < kQuantRounds; ++u) lq[u] = QuantizeLane<T, F>(raw[u]);
+    QuantizeRounds<T, F>(raw, lane, lq);
   }
   const uint32_t scales = GatherPieceScales<F>(lq, lane);
   if (q.vectorized && (piece + 1) * kQuantPieceElems <= q.hidden) {

@@ -36,7 +36,7 @@ __global__ void QuantizeRowsKernel(const float* x, int rows, int hidden, int for
     for (int i0 = begin; i0 < end; i0 += 8) {
       float x8[8];
       for (int i = 0; i < 8; ++i) x8[i] = i0 + i < end ? in[i0 + i] : 0.0f;
-      const uint2 v = format == kFp8Block ? q::Fp8BlockValues(x8, scale) : q::Mxfp8Values(x8, e);
+      const uint2 v = format == kFp8Block ? q::Fp8BlockValues(x8, scale, __frcp_rn(scale)) : q::Mxfp8Values(x8, e);
       uint8_t* out = values + static_cast<int64_t>(row) * hidden + i0;
       for (int i = 0; i < 8 && i0 + i < end; ++i) out[i] = static_cast<uint8_t>((i < 4 ? v.x : v.y) >> (8 * (i % 4)));
     }
