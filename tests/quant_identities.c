@@ -98,9 +98,12 @@ static uint32_t e2m1_code(float v) {  // E2m1MagnitudeBits(E2m1Magnitude(v)), le
   const float round = 8388608.0f;
   const float a = isnan(v) ? 0.0f : fabsf(v);  // the GPU's max(|v|, 0), which returns 0 for every NaN (C's fmaxf
                                                // returns NaN for a signaling one)
-  const float r = fminf(fminf(fmaf(a, 2.0f, round), a + (round + 2.0f)),
-                        fminf(fmaf(a, 0.5f, round + 4.0f), round + 7.0f));
-  return bits(r) - 0x4B000000u;
+  const float capped = fminf(a, 6.0f);
+  const uint32_t lines[3] = {bits(fmaf(capped, 2.0f, round)), bits(capped + (round + 2.0f)),
+                             bits(fmaf(capped, 0.5f, round + 4.0f))};  // the least by their bits, as __vimin3_u32
+  uint32_t least = lines[0];
+  for (int i = 1; i < 3; ++i) least = lines[i] < least ? lines[i] : least;
+  return least - 0x4B000000u;
 }
 // The reference's MXFP8 exponent (frexp) and MxExponent (bits), with the scaling factor 2^-e built from bits.
 static int mx_exponent_reference(float amax) {

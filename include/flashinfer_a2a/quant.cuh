@@ -54,16 +54,19 @@ __device__ __forceinline__ float FromE4m3(uint8_t bits) {
 // below 2, 1 below 4 and 2 above, so the code of a = |v| is RN(2a) below 2, 2 + RN(a) below 4 and 4 + RN(a / 2)
 // above, at most 7 (ties to even give the reference's midpoints). The three lines meet where the binades do and
 // min(2a, a + 2, a / 2 + 4) is the right one everywhere; rounding is monotonic, so the code is the least of the
-// three rounded values, each one fma adding 2^23 (whose sum's low bits then hold the integer).
+// three rounded values, each one fma adding 2^23 (whose sum's low bits then hold the integer). Capping a at 6 first
+// keeps the least at most 7; the rounded values are positive floats, which order as their bits do, so one
+// three-way integer minimum (a Hopper DPX instruction) takes the least.
 constexpr float kE2m1Round = 8388608.0f;          // 2^23
 constexpr uint32_t kE2m1RoundBits = 0x4B000000u;  // its bits: a code k rounds to kE2m1RoundBits + k
 // kE2m1RoundBits + the 3-bit E2M1 code of a magnitude a (+0 or more, not NaN): round to nearest even, saturating at
 // 6. Equal to the reference's (count the rounding midpoints below a) for every such a
 // (tests/test_quant_identities.py); tests/gpu/test_quant_conversions.py checks it on the GPU.
 __device__ __forceinline__ uint32_t E2m1MagnitudeBits(float a) {
-  const float r = fminf(fminf(__fmaf_rn(a, 2.0f, kE2m1Round), __fadd_rn(a, kE2m1Round + 2.0f)),
-                        fminf(__fmaf_rn(a, 0.5f, kE2m1Round + 4.0f), kE2m1Round + 7.0f));
-  return __float_as_uint(r);
+  const float capped = fminf(a, kE2m1Max);
+  return __vimin3_u32(__float_as_uint(__fmaf_rn(capped, 2.0f, kE2m1Round)),
+                      __float_as_uint(__fadd_rn(capped, kE2m1Round + 2.0f)),
+                      __float_as_uint(__fmaf_rn(capped, 0.5f, kE2m1Round + 4.0f)));
 }
 
 // The codes of eight values are taken as magnitudes and signs apart. E2m1Magnitude is |v| with a NaN as 0 (its code,
