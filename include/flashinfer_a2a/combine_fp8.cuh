@@ -33,12 +33,12 @@ __device__ __forceinline__ uint32_t QuantizeCombinePiece(uint8_t* dst, const uin
   }
   __syncwarp();
   LaneQuant lq[kQuantRounds];
-  QuantizeRounds<T, QuantFormat::kFp8Block>(raw, lane, lq);
+  const uint32_t scales = QuantizeRounds<T, QuantFormat::kFp8Block>(raw, lane, lq);
 #pragma unroll
   for (int u = 0; u < kQuantRounds; ++u) {
     if (e0[u] < hidden) StoreLaneValues<QuantFormat::kFp8Block>(dst, e0[u], hidden, true, lq[u]);
   }
-  return GatherPieceScales<QuantFormat::kFp8Block>(lq, lane);
+  return scales;
 }
 
 // QuantizeCombinePiece into another row (dst != src): the piece's scales go straight to their columns.

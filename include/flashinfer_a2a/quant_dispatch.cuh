@@ -35,10 +35,10 @@ struct DispatchQuant {
 };
 
 // One lane's 8 elements, quantized: fp8 bytes (values[0] low four, values[1] high four) or eight E2M1 codes in
-// values[0] (element i in bits 4i..4i+3), and its block's scale.
+// values[0] (element i in bits 4i..4i+3), and its block's scale byte (MXFP8, NVFP4; FP8 block scales are gathered
+// straight from the lanes that computed them).
 struct LaneQuant {
   uint32_t values[2];
-  float scale;       // FP8 block scale
   uint8_t scale_bits;  // UE8M0 or UE4M3
 };
 
@@ -84,6 +84,40 @@ __device__ __forceinline__ uint4 PackedMagnitudes(const uint4& raw) {
   return magnitudes;
 }
 
+// Scale columns of one piece: 8 fp32 FP8 block scales, 32 UE8M0 or 64 UE4M3 bytes.
+template <QuantFormat F>
+constexpr int kPieceScales = kQuantPieceElems / WireOf(F).block;
+
+// A piece's scale bytes (MXFP8, NVFP4) gathered into the low lanes, so they leave in a few wide stores instead of one
+// store per block: lane j gets the bytes of columns 4j..4j+3. (FP8 block scales: lane j < 8 gets column j's fp32
+// scale, from QuantizeRounds.)
+template <QuantFormat F>
+__device__ __forceinline__ uint32_t GatherPieceScales(const LaneQuant (&lq)[kQuantRounds], int lane) {
+  static_assert(F == QuantFormat::kMxfp8 || F == QuantFormat::kNvfp4, "FP8 block scales: QuantizeRounds");
+  constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // block b of a round is quantized by lanes b * kGroup..
+  constexpr int kBlocksPerRound = 32 / kGroup;
+  // Each lane packs its blocks' bytes of the four rounds into one word (round u in byte u). Lane j's columns
+  // 4j..4j+3 all lie in one round (a round has a multiple of 4 blocks), so four shuffles of that word and three byte
+  // selects gather them (a shuffle per round and column before: 16).
+  static_assert(kQuantRounds == 4 && kBlocksPerRound % 4 == 0, "one round's byte per shuffled word");
+  uint32_t rounds = 0;
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) rounds |= uint32_t{lq[u].scale_bits} << (8 * u);
+  uint32_t v[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = __shfl_sync(0xffffffffu, rounds, ((4 * lane + k) % kBlocksPerRound) * kGroup);
+  const uint32_t u = (4 * lane / kBlocksPerRound) % 4;  // (lanes past the piece's columns: any round, unused)
+  const uint32_t pick = u | (u + 4) << 4;                 // byte u of the first word, then byte u of the second
+  return __byte_perm(__byte_perm(v[0], v[1], pick), __byte_perm(v[2], v[3], pick), 0x5410);
+}
+
+// One butterfly step that serves two rounds: each lane of the pair (lane, lane ^ mask) keeps one of `first` and
+// `second` (the second where keep_second) and sends its partner the other, so one shuffle gives each lane the
+// larger of its own and its partner's value of the round it keeps.
+__device__ __forceinline__ float KeptMax(bool keep_second, float first, float second, int mask) {
+  return fmaxf(keep_second ? second : first, __shfl_xor_sync(0xffffffffu, keep_second ? first : second, mask));
+}
+
 // The block maxima of all four rounds over a group of kGroup lanes (4 or more) that hold one scale block of each
 // round, transposed: lane returns the whole maximum of round (lane % kGroup) / (kGroup / 4) of its group. The first
 // two butterfly steps send half the rounds each (the ones the partner keeps), so a group reduces four values in
@@ -93,10 +127,9 @@ template <int kGroup>
 __device__ __forceinline__ float TransposedRoundMax(const float (&m)[kQuantRounds], int lane) {
   static_assert(kQuantRounds == 4 && kGroup >= 4 && (kGroup & (kGroup - 1)) == 0, "four rounds over 4+ lanes");
   const bool upper = lane & (kGroup / 2);  // keeps rounds 2 and 3
-  float keep0 = fmaxf(upper ? m[2] : m[0], __shfl_xor_sync(0xffffffffu, upper ? m[0] : m[2], kGroup / 2));
-  float keep1 = fmaxf(upper ? m[3] : m[1], __shfl_xor_sync(0xffffffffu, upper ? m[1] : m[3], kGroup / 2));
-  const bool second = lane & (kGroup / 4);  // keeps the odd round of the two
-  float round_max = fmaxf(second ? keep1 : keep0, __shfl_xor_sync(0xffffffffu, second ? keep0 : keep1, kGroup / 4));
+  const float keep0 = KeptMax(upper, m[0], m[2], kGroup / 2);
+  const float keep1 = KeptMax(upper, m[1], m[3], kGroup / 2);
+  float round_max = KeptMax(lane & (kGroup / 4), keep0, keep1, kGroup / 4);  // the odd round of the two, or the even
 #pragma unroll
   for (int mask = kGroup / 8; mask >= 1; mask /= 2) {
     round_max = fmaxf(round_max, __shfl_xor_sync(0xffffffffu, round_max, mask));
@@ -105,10 +138,11 @@ __device__ __forceinline__ float TransposedRoundMax(const float (&m)[kQuantRound
 }
 
 // FP8 block or MXFP8 for all rounds of a lane: the block maxima reduced transposed (TransposedRoundMax), each lane
-// computing the scale of one round, which the lanes of the group then read from each other.
+// computing the scale of one round, which the lanes of the group then read from each other. Returns the piece's
+// scales gathered (GatherPieceScales): FP8 lane j < 8 reads column j's scale from the lane that computed it.
 template <typename T, QuantFormat F>
-__device__ __forceinline__ void QuantizeRounds(const uint4 (&raw)[kQuantRounds], int lane,
-                                               LaneQuant (&lq)[kQuantRounds]) {
+__device__ __forceinline__ uint32_t QuantizeRounds(const uint4 (&raw)[kQuantRounds], int lane,
+                                                   LaneQuant (&lq)[kQuantRounds]) {
   static_assert(F == QuantFormat::kFp8Block || F == QuantFormat::kMxfp8, "NVFP4: QuantizeNvfp4Rounds");
   constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // lanes per scale block
   float amax[kQuantRounds];
@@ -131,8 +165,8 @@ __device__ __forceinline__ void QuantizeRounds(const uint4 (&raw)[kQuantRounds],
     UnpackLaneElems<T>(raw[u], x);
     uint2 values;
     if constexpr (F == QuantFormat::kFp8Block) {
-      lq[u].scale = __shfl_sync(0xffffffffu, scale, holder);
-      values = quant::Fp8BlockValues(x, lq[u].scale, __shfl_sync(0xffffffffu, inverse, holder));
+      values = quant::Fp8BlockValues(x, __shfl_sync(0xffffffffu, scale, holder),
+                                     __shfl_sync(0xffffffffu, inverse, holder));
     } else {
       const int e = __shfl_sync(0xffffffffu, exponent, holder);
       lq[u].scale_bits = quant::MxScaleByte(e);
@@ -141,27 +175,29 @@ __device__ __forceinline__ void QuantizeRounds(const uint4 (&raw)[kQuantRounds],
     lq[u].values[0] = values.x;
     lq[u].values[1] = values.y;
   }
+  if constexpr (F == QuantFormat::kFp8Block) {
+    constexpr int kBlocksPerRound = 32 / kGroup;  // column j: round j / kBlocksPerRound, block j % kBlocksPerRound
+    const int holder = (lane % kBlocksPerRound) * kGroup + (lane / kBlocksPerRound) % kQuantRounds * (kGroup / 4);
+    return __float_as_uint(__shfl_sync(0xffffffffu, scale, holder));
+  } else {
+    return GatherPieceScales<F>(lq, lane);
+  }
 }
 
 // NVFP4 for all rounds of a lane. A block (16 elements) is held by a pair of lanes, so both would compute its scale;
 // instead, for each two rounds the even lane computes the first round's scale and the odd lane the second's, and
 // they swap (one scale computation where there were two: it divides). The codes are rounded from the magnitudes
-// and take the inputs' sign bits (quant::Nvfp4Codes).
+// and take the inputs' sign bits (quant::Nvfp4Codes). Returns the piece's scale bytes gathered (GatherPieceScales).
 template <typename T>
-__device__ __forceinline__ void QuantizeNvfp4Rounds(const uint4 (&raw)[kQuantRounds], float global_scale,
-                                                    const float* nvfp4_inverse, int lane,
-                                                    LaneQuant (&lq)[kQuantRounds]) {
+__device__ __forceinline__ uint32_t QuantizeNvfp4Rounds(const uint4 (&raw)[kQuantRounds], float global_scale,
+                                                        const float* nvfp4_inverse, int lane,
+                                                        LaneQuant (&lq)[kQuantRounds]) {
   static_assert(kQuantRounds % 2 == 0 && WireOf(QuantFormat::kNvfp4).block == 2 * kQuantLaneElems, "lane pairs");
   const bool odd = lane & 1;
 #pragma unroll
   for (int u = 0; u < kQuantRounds; u += 2) {
-    float amax[2];
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      amax[v] = LaneAbsMax<T>(raw[u + v]);
-      amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], 1));
-    }
-    const uint8_t mine = quant::Nvfp4ScaleBits(odd ? amax[1] : amax[0], global_scale);
+    const float amax = KeptMax(odd, LaneAbsMax<T>(raw[u]), LaneAbsMax<T>(raw[u + 1]), 1);
+    const uint8_t mine = quant::Nvfp4ScaleBits(amax, global_scale);
     const uint8_t theirs = static_cast<uint8_t>(__shfl_xor_sync(0xffffffffu, mine, 1));
     lq[u].scale_bits = odd ? theirs : mine;
     lq[u + 1].scale_bits = odd ? mine : theirs;
@@ -173,6 +209,7 @@ __device__ __forceinline__ void QuantizeNvfp4Rounds(const uint4 (&raw)[kQuantRou
           quant::Nvfp4Codes(a, nvfp4_inverse[lq[u + v].scale_bits], quant::E2m1Signs(raw[u + v]));
     }
   }
+  return GatherPieceScales<QuantFormat::kNvfp4>(lq, lane);
 }
 
 // One lane's 8 elements of a bf16|fp16 row from element e0, as 16 raw bytes (zeros past the row's end).
@@ -213,41 +250,6 @@ __device__ __forceinline__ void StoreLaneValues(uint8_t* row, int64_t e0, int hi
 #pragma unroll
   for (int i = 0; i < kQuantLaneElems / kPerByte; ++i) {
     if (i < bytes) dst[i] = static_cast<uint8_t>(lq.values[i / 4] >> (8 * (i % 4)));
-  }
-}
-
-// Scale columns of one piece: 8 fp32 FP8 block scales, 32 UE8M0 or 64 UE4M3 bytes.
-template <QuantFormat F>
-constexpr int kPieceScales = kQuantPieceElems / WireOf(F).block;
-
-// A piece's scales gathered into the low lanes, so they leave in a few wide stores instead of one store per block:
-// lane j gets the fp32 scale of the piece's column j (FP8 block scales), or the bytes of columns 4j..4j+3.
-template <QuantFormat F>
-__device__ __forceinline__ uint32_t GatherPieceScales(const LaneQuant (&lq)[kQuantRounds], int lane) {
-  constexpr int kGroup = WireOf(F).block / kQuantLaneElems;  // block b of a round is quantized by lanes b * kGroup..
-  constexpr int kBlocksPerRound = 32 / kGroup;
-  if constexpr (F == QuantFormat::kFp8Block) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int u = 0; u < kQuantRounds; ++u) {
-      const float v = __shfl_sync(0xffffffffu, lq[u].scale, (lane % kBlocksPerRound) * kGroup);
-      if (lane / kBlocksPerRound == u) word = __float_as_uint(v);
-    }
-    return word;
-  } else {
-    // Scale bytes: each lane packs its blocks' bytes of the four rounds into one word (round u in byte u). Lane j's
-    // columns 4j..4j+3 all lie in one round (a round has a multiple of 4 blocks), so four shuffles of that word and
-    // three byte selects gather them (a shuffle per round and column before: 16).
-    static_assert(kQuantRounds == 4 && kBlocksPerRound % 4 == 0, "one round's byte per shuffled word");
-    uint32_t rounds = 0;
-#pragma unroll
-    for (int u = 0; u < kQuantRounds; ++u) rounds |= uint32_t{lq[u].scale_bits} << (8 * u);
-    uint32_t v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = __shfl_sync(0xffffffffu, rounds, ((4 * lane + k) % kBlocksPerRound) * kGroup);
-    const uint32_t u = (4 * lane / kBlocksPerRound) % 4;  // (lanes past the piece's columns: any round, unused)
-    const uint32_t pick = u | (u + 4) << 4;                 // byte u of the first word, then byte u of the second
-    return __byte_perm(__byte_perm(v[0], v[1], pick), __byte_perm(v[2], v[3], pick), 0x5410);
   }
 }
 
@@ -328,12 +330,12 @@ __device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Rank
                               q.vectorized);
   }
   LaneQuant lq[kQuantRounds];
+  uint32_t scales;  // gathered into the low lanes
   if constexpr (F == QuantFormat::kNvfp4) {
-    QuantizeNvfp4Rounds<T>(raw, *q.global_scale, nvfp4_inverse, lane, lq);
+    scales = QuantizeNvfp4Rounds<T>(raw, *q.global_scale, nvfp4_inverse, lane, lq);
   } else {
-    QuantizeRounds<T, F>(raw, lane, lq);
+    scales = QuantizeRounds<T, F>(raw, lane, lq);
   }
-  const uint32_t scales = GatherPieceScales<F>(lq, lane);
   if (q.vectorized && (piece + 1) * kQuantPieceElems <= q.hidden) {
     StorePiece<F, true>(q, ranks, runtime_max, piece, lq, scales, entry, num_targets, lane);
   } else {
