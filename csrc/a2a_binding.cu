@@ -23,6 +23,7 @@ Array<int64_t> GetDispatchLayout(int64_t ep_size, int64_t max_num_tokens, int64_
                                  int64_t runtime_max_tokens_per_rank, Array<int64_t> payload_row_bytes,
                                  int64_t quant_format, int64_t quant_hidden, bool swizzled_scales);
 Map<String, int64_t> GetMetainfoIndexPairs();
+Map<String, int64_t> GetConstants();
 void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens,
                 int64_t top_k, int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token);
 // dispatch.cu
@@ -43,6 +44,7 @@ void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_workspace_size, flashinfer_a2a::GetWorkspaceSize);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_dispatch_layout, flashinfer_a2a::GetDispatchLayout);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_metainfo_index_pairs, flashinfer_a2a::GetMetainfoIndexPairs);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_constants, flashinfer_a2a::GetConstants);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(initialize, flashinfer_a2a::Initialize);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch, flashinfer_a2a::Dispatch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(combine, flashinfer_a2a::Combine);

@@ -19,13 +19,13 @@ namespace {
 FloatType CombineFloatType(const TensorView& t, const char* name) {
   if (IsDType(t, kDLBfloat, 16)) return FloatType::kBFloat16;
   if (IsDType(t, kDLFloat, 16)) return FloatType::kFloat16;
-  TVM_FFI_CHECK(IsDType(t, kDLFloat, 32), TypeError)
+  A2A_CHECK(IsDType(t, kDLFloat, 32), TypeError)
       << name << " must be bfloat16, float16 or float32, got dtype " << DTypeName(t.dtype());
   return FloatType::kFloat32;
 }
 
 void CheckRecvCounts(const TensorView& recv_counts, const TensorView& workspace, int64_t ep_size) {
-  TVM_FFI_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
+  A2A_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
                 ValueError)
       << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
   CheckContiguous(recv_counts, "recv_counts");
@@ -42,31 +42,31 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
   CheckRecvCounts(recv_counts, workspace, ep_size);
-  TVM_FFI_CHECK(runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens, ValueError)
+  A2A_CHECK(runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens, ValueError)
       << "runtime_max_tokens_per_rank must be in [0, max_num_tokens=" << max_num_tokens << "], got "
       << runtime_max_tokens_per_rank;
 
   const FloatType type = CombineFloatType(out, "out");
-  TVM_FFI_CHECK(out.ndim() == 2 && out.size(0) <= runtime_max_tokens_per_rank, ValueError)
+  A2A_CHECK(out.ndim() == 2 && out.size(0) <= runtime_max_tokens_per_rank, ValueError)
       << "out must be [num_tokens, hidden] with num_tokens <= runtime_max_tokens_per_rank="
       << runtime_max_tokens_per_rank;
   CheckContiguous(out, "out");
   CheckSameDevice(out, workspace, "out", "workspace");
   const int64_t hidden = out.size(1);
   const int64_t row_bytes = hidden * ElementBytes(out);
-  TVM_FFI_CHECK(hidden >= 1 && row_bytes <= combine_bytes_per_token, ValueError)
+  A2A_CHECK(hidden >= 1 && row_bytes <= combine_bytes_per_token, ValueError)
       << "combine rows of hidden=" << hidden << " need " << row_bytes
       << " bytes, the workspace was sized for combine_bytes_per_token=" << combine_bytes_per_token;
   const uint64_t timeout_ns = TimeoutNs(timeout_s);
-  TVM_FFI_CHECK(quant_format == 0 || quant_format == 1, ValueError)
+  A2A_CHECK(quant_format == 0 || quant_format == 1, ValueError)
       << "combine quant_format must be 0 (none) or 1 (fp8_block), got " << quant_format;
   const bool fp8_wire = quant_format == 1;
   if (fp8_wire) {
-    TVM_FFI_CHECK(type != FloatType::kFloat32, TypeError) << "an FP8-wire combine needs bfloat16 or float16 out";
-    TVM_FFI_CHECK(hidden % kQuantLaneElems == 0 && hidden <= kFp8WireMaxCols * quant::kFp8Block, ValueError)
+    A2A_CHECK(type != FloatType::kFloat32, TypeError) << "an FP8-wire combine needs bfloat16 or float16 out";
+    A2A_CHECK(hidden % kQuantLaneElems == 0 && hidden <= kFp8WireMaxCols * quant::kFp8Block, ValueError)
         << "an FP8-wire combine needs hidden % 8 == 0 and hidden <= " << kFp8WireMaxCols * quant::kFp8Block
         << ", got hidden=" << hidden;
-    TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(BytePtr(out)) % 16 == 0, ValueError)
+    A2A_CHECK(reinterpret_cast<uintptr_t>(BytePtr(out)) % 16 == 0, ValueError)
         << "an FP8-wire combine needs out 16-byte aligned";
   }
 
@@ -76,8 +76,8 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   if (partials.has_value()) {
     const tvm::ffi::Tensor in_tensor = partials.value();
     const TensorView in = in_tensor;
-    TVM_FFI_CHECK(in.dtype() == out.dtype(), TypeError) << "partials must have the dtype of out";
-    TVM_FFI_CHECK(in.ndim() == 3 && in.size(0) == ep_size && in.size(1) == runtime_max_tokens_per_rank &&
+    A2A_CHECK(in.dtype() == out.dtype(), TypeError) << "partials must have the dtype of out";
+    A2A_CHECK(in.ndim() == 3 && in.size(0) == ep_size && in.size(1) == runtime_max_tokens_per_rank &&
                       in.size(2) == hidden,
                   ValueError)
         << "partials must be [ep_size=" << ep_size << ", runtime_max_tokens_per_rank=" << runtime_max_tokens_per_rank
@@ -86,7 +86,7 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
     CheckSameDevice(in, workspace, "partials", "workspace");
     // The workspace's own combine region needs no copy: the expert side wrote straight into it.
     if (BytePtr(in) != region) input = static_cast<const uint8_t*>(BytePtr(in));
-    TVM_FFI_CHECK(!fp8_wire || reinterpret_cast<uintptr_t>(input) % 16 == 0, ValueError)
+    A2A_CHECK(!fp8_wire || reinterpret_cast<uintptr_t>(input) % 16 == 0, ValueError)
         << "an FP8-wire combine needs partials 16-byte aligned";
   }
 
@@ -126,16 +126,16 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
 }
 
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id) {
-  TVM_FFI_CHECK(IsCuda(recv_topk_ids), ValueError) << "recv_topk_ids must be a CUDA tensor";
+  A2A_CHECK(IsCuda(recv_topk_ids), ValueError) << "recv_topk_ids must be a CUDA tensor";
   const bool is_int64 = IsDType(recv_topk_ids, kDLInt, 64);
-  TVM_FFI_CHECK(is_int64 || IsDType(recv_topk_ids, kDLInt, 32), TypeError)
+  A2A_CHECK(is_int64 || IsDType(recv_topk_ids, kDLInt, 32), TypeError)
       << "recv_topk_ids must be int32 or int64, got dtype " << DTypeName(recv_topk_ids.dtype());
-  TVM_FFI_CHECK(recv_topk_ids.ndim() == 3, ValueError)
+  A2A_CHECK(recv_topk_ids.ndim() == 3, ValueError)
       << "recv_topk_ids must be [ep_size, runtime_max_tokens_per_rank, top_k]";
   CheckContiguous(recv_topk_ids, "recv_topk_ids");
   const int64_t ep_size = recv_topk_ids.size(0);
   CheckRecvCounts(recv_counts, recv_topk_ids, ep_size);
-  TVM_FFI_CHECK(is_int64 || (invalid_id >= INT32_MIN && invalid_id <= INT32_MAX), ValueError)
+  A2A_CHECK(is_int64 || (invalid_id >= INT32_MIN && invalid_id <= INT32_MAX), ValueError)
       << "invalid_id=" << invalid_id << " does not fit int32 recv_topk_ids";
 
   DeviceGuard guard(recv_topk_ids.device().device_id);

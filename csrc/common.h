@@ -13,10 +13,15 @@ namespace flashinfer_a2a {
 
 using tvm::ffi::TensorView;
 
+// A caller's mistake: raises `ErrorKind` with just the message streamed after it. TVM_FFI_CHECK would prefix it
+// with "Check failed: (<the C++ condition>) is false:", which names our variables, not the caller's arguments.
+#define A2A_CHECK(cond, ErrorKind) \
+  if (TVM_FFI_PREDICT_FALSE(!(cond))) TVM_FFI_THROW(ErrorKind)
+
 #define A2A_CUDA_CHECK(expr)                                                                          \
   do {                                                                                                \
     cudaError_t a2a_err_ = (expr);                                                                    \
-    TVM_FFI_CHECK(a2a_err_ == cudaSuccess, RuntimeError) << #expr << ": " << cudaGetErrorString(a2a_err_); \
+    A2A_CHECK(a2a_err_ == cudaSuccess, RuntimeError) << #expr << ": " << cudaGetErrorString(a2a_err_); \
   } while (0)
 
 // Address of the first element (DLPack allows the data pointer and a byte offset to split it).
@@ -38,32 +43,32 @@ inline int64_t ElementBytes(const TensorView& t) { return (t.dtype().bits * t.dt
 inline int64_t NumBytes(const TensorView& t) { return t.numel() * ElementBytes(t); }
 
 inline void CheckContiguous(const TensorView& t, const char* name) {
-  TVM_FFI_CHECK(t.IsContiguous(), ValueError) << name << " must be contiguous";
+  A2A_CHECK(t.IsContiguous(), ValueError) << name << " must be contiguous";
 }
 
 inline void CheckSameDevice(const TensorView& t, const TensorView& ref, const char* name, const char* ref_name) {
-  TVM_FFI_CHECK(t.device().device_type == ref.device().device_type && t.device().device_id == ref.device().device_id,
+  A2A_CHECK(t.device().device_type == ref.device().device_type && t.device().device_id == ref.device().device_id,
                 ValueError)
       << name << " must be on the same device as " << ref_name;
 }
 
 // Validates the `[ep_size, bytes_per_rank] uint8` workspace whose row r addresses rank r's workspace.
 inline void CheckWorkspace(const TensorView& workspace, int64_t ep_size, int64_t required_bytes) {
-  TVM_FFI_CHECK(IsDType(workspace, kDLUInt, 8), TypeError)
+  A2A_CHECK(IsDType(workspace, kDLUInt, 8), TypeError)
       << "workspace must be uint8, got dtype " << DTypeName(workspace.dtype());
-  TVM_FFI_CHECK(workspace.ndim() == 2 && workspace.size(0) == ep_size, ValueError)
+  A2A_CHECK(workspace.ndim() == 2 && workspace.size(0) == ep_size, ValueError)
       << "workspace must have shape [ep_size=" << ep_size << ", bytes_per_rank]";
-  TVM_FFI_CHECK(workspace.stride(1) == 1, ValueError) << "workspace rows must be contiguous";
-  TVM_FFI_CHECK(workspace.size(1) >= required_bytes, ValueError)
+  A2A_CHECK(workspace.stride(1) == 1, ValueError) << "workspace rows must be contiguous";
+  A2A_CHECK(workspace.size(1) >= required_bytes, ValueError)
       << "workspace has " << workspace.size(1) << " bytes per rank, the layout needs " << required_bytes
       << " (see get_workspace_size)";
-  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(BytePtr(workspace)) % 128 == 0 && workspace.stride(0) % 128 == 0,
+  A2A_CHECK(reinterpret_cast<uintptr_t>(BytePtr(workspace)) % 128 == 0 && workspace.stride(0) % 128 == 0,
                 ValueError)
       << "workspace rows must start on 128-byte boundaries";
 }
 
 inline void CheckRank(int64_t ep_rank, int64_t ep_size) {
-  TVM_FFI_CHECK(ep_rank >= 0 && ep_rank < ep_size, ValueError)
+  A2A_CHECK(ep_rank >= 0 && ep_rank < ep_size, ValueError)
       << "ep_rank must be in [0, ep_size=" << ep_size << "), got " << ep_rank;
 }
 

@@ -28,23 +28,52 @@ QuantRequest CheckQuantRequest(QuantFormat format, const tvm::ffi::Array<tvm::ff
                                bool swizzled_scales) {
   int64_t hidden = 0;
   if (format != QuantFormat::kNone) {
-    TVM_FFI_CHECK(!payloads.empty() && TensorView(payloads[0]).ndim() == 2 &&
+    A2A_CHECK(!payloads.empty() && TensorView(payloads[0]).ndim() == 2 &&
                       (IsDType(payloads[0], kDLBfloat, 16) || IsDType(payloads[0], kDLFloat, 16)),
                   TypeError)
         << "payloads[0] (the hidden states to quantize) must be [num_tokens, hidden] bfloat16 or float16";
     hidden = TensorView(payloads[0]).size(1);
   }
   const bool nvfp4 = format == QuantFormat::kNvfp4;
-  TVM_FFI_CHECK(global_scale.has_value() == nvfp4, ValueError)
+  A2A_CHECK(global_scale.has_value() == nvfp4, ValueError)
       << (nvfp4 ? "quant_format nvfp4 needs global_scale" : "global_scale is only used by quant_format nvfp4");
   if (nvfp4) {
     const tvm::ffi::Tensor gs_tensor = global_scale.value();
     const TensorView gs = gs_tensor;
-    TVM_FFI_CHECK(IsDType(gs, kDLFloat, 32) && gs.numel() == 1, ValueError)
+    A2A_CHECK(IsDType(gs, kDLFloat, 32) && gs.numel() == 1, ValueError)
         << "global_scale must be a float32 tensor of one element";
     CheckSameDevice(gs, workspace, "global_scale", "workspace");
   }
   return MakeQuantRequest(format, hidden, swizzled_scales);
+}
+
+// `value` placed in `field` of a call-layout fingerprint, folded by XOR to the field's width.
+uint64_t PackField(uint64_t value, const CallLayoutField& field) {
+  const uint64_t mask = field.bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << field.bits) - 1;
+  uint64_t folded = 0;
+  for (int shift = 0; shift < 64; shift += field.bits) folded ^= (value >> shift) & mask;
+  return folded << field.shift;
+}
+
+// The fingerprint of this call's layout (see kCallLayoutFields): what a peer's rows must agree with to be read.
+uint64_t CallLayoutOf(const TensorView& topk_ids, const tvm::ffi::Array<tvm::ffi::Tensor>& payloads,
+                      const std::vector<int64_t>& rows, const QuantRequest& quant) {
+  uint64_t dtypes = kFnvOffset, row_bytes = kFnvOffset;
+  for (size_t p = 0; p < rows.size(); ++p) {
+    const DLDataType d = TensorView(payloads[p]).dtype();
+    dtypes = Fnv1a(dtypes, d.code | (d.bits << 8) | (static_cast<uint64_t>(d.lanes) << 16));
+    row_bytes = Fnv1a(row_bytes, static_cast<uint64_t>(rows[p]));
+  }
+  const uint64_t values[] = {static_cast<uint64_t>(topk_ids.size(1)), IsDType(topk_ids, kDLInt, 64) ? 1u : 0u,
+                             static_cast<uint64_t>(quant.format), quant.swizzled ? 1u : 0u, rows.size(), dtypes,
+                             row_bytes};
+  static_assert(sizeof(values) / sizeof(values[0]) == sizeof(kCallLayoutFields) / sizeof(kCallLayoutFields[0]),
+                "one value per fingerprint field");
+  uint64_t fingerprint = 0;
+  for (size_t f = 0; f < sizeof(values) / sizeof(values[0]); ++f) {
+    fingerprint |= PackField(values[f], kCallLayoutFields[f]);
+  }
+  return fingerprint;
 }
 
 DispatchQuant MakeDispatchQuant(const QuantRequest& quant, const RecvRegions& regions, const TensorView& hidden_states,
@@ -76,22 +105,22 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
 
-  TVM_FFI_CHECK(IsDType(topk_ids, kDLInt, 32) || IsDType(topk_ids, kDLInt, 64), TypeError)
+  A2A_CHECK(IsDType(topk_ids, kDLInt, 32) || IsDType(topk_ids, kDLInt, 64), TypeError)
       << "topk_ids must be int32 or int64, got dtype " << DTypeName(topk_ids.dtype());
-  TVM_FFI_CHECK(topk_ids.ndim() == 2, ValueError) << "topk_ids must be [num_tokens, top_k], got " << topk_ids.ndim()
+  A2A_CHECK(topk_ids.ndim() == 2, ValueError) << "topk_ids must be [num_tokens, top_k], got " << topk_ids.ndim()
                                                   << " dims";
   CheckContiguous(topk_ids, "topk_ids");
   CheckSameDevice(topk_ids, workspace, "topk_ids", "workspace");
   const int64_t num_tokens = topk_ids.size(0);
-  TVM_FFI_CHECK(topk_ids.size(1) >= 1 && topk_ids.size(1) <= top_k, ValueError)
+  A2A_CHECK(topk_ids.size(1) >= 1 && topk_ids.size(1) <= top_k, ValueError)
       << "topk_ids has top_k=" << topk_ids.size(1) << ", the workspace was built for top_k <= " << top_k;
-  TVM_FFI_CHECK(num_tokens <= runtime_max_tokens_per_rank, ValueError)
+  A2A_CHECK(num_tokens <= runtime_max_tokens_per_rank, ValueError)
       << "topk_ids has " << num_tokens << " tokens, more than runtime_max_tokens_per_rank="
       << runtime_max_tokens_per_rank;
-  TVM_FFI_CHECK(num_experts >= 1 && num_experts < (int64_t{1} << 31), ValueError)
+  A2A_CHECK(num_experts >= 1 && num_experts < (int64_t{1} << 31), ValueError)
       << "num_experts must be >= 1, got " << num_experts;
 
-  TVM_FFI_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
+  A2A_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
                 ValueError)
       << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
   CheckContiguous(recv_counts, "recv_counts");
@@ -104,7 +133,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   std::vector<int64_t> rows;
   for (size_t p = 0; p < payloads.size(); ++p) {
     const TensorView payload = payloads[p];
-    TVM_FFI_CHECK(payload.ndim() >= 1 && payload.size(0) == num_tokens, ValueError)
+    A2A_CHECK(payload.ndim() >= 1 && payload.size(0) == num_tokens, ValueError)
         << "payloads[" << p << "] must have num_tokens=" << num_tokens << " rows like topk_ids";
     CheckContiguous(payload, "payloads[i]");
     CheckSameDevice(payload, workspace, "payloads[i]", "workspace");
@@ -155,6 +184,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   params.routing_offset = layout.routing_offset;
   params.recv_counts = static_cast<int32_t*>(BytePtr(recv_counts));
   params.timeout_ns = timeout_ns;
+  params.call_layout = CallLayoutOf(topk_ids, payloads, rows, quant);
   A2A_CUDA_CHECK(LaunchDispatch(params, IsDType(topk_ids, kDLInt, 64), max_blocks, stream));
 }
 

@@ -15,7 +15,7 @@ inline int NumSMs(int device) {
 }
 
 inline uint64_t TimeoutNs(double timeout_s) {
-  TVM_FFI_CHECK(timeout_s > 0 && timeout_s < 1e6, ValueError)
+  A2A_CHECK(timeout_s > 0 && timeout_s < 1e6, ValueError)
       << "timeout_s must be in (0, 1e6) seconds, got " << timeout_s;
   return static_cast<uint64_t>(timeout_s * 1e9);
 }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "kernels.h"
 #include "workspace.h"
@@ -57,6 +58,33 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> GetMetainfoIndexPairs() {
   return pairs;
 }
 
+tvm::ffi::Map<tvm::ffi::String, int64_t> GetConstants() {
+  // The one owner of every number Python and C++ share: limits, error and phase codes, wire-format codes, and
+  // the fingerprint fields (value: shift << 8 | bits).
+  tvm::ffi::Map<tvm::ffi::String, int64_t> c;
+  c.Set("max_ep_size", kMaxRanks);
+  c.Set("max_top_k", kMaxTopK);
+  c.Set("max_payloads", kMaxPayloads);
+  c.Set("max_num_tokens_limit", int64_t{1} << kRouteSlotBits);
+  c.Set("align_bytes", kAlignBytes);
+  c.Set("error_none", static_cast<int64_t>(ErrorCode::kNone));
+  c.Set("error_timeout", static_cast<int64_t>(ErrorCode::kTimeout));
+  c.Set("error_invalid_expert_id", static_cast<int64_t>(ErrorCode::kInvalidExpertId));
+  c.Set("error_runtime_max_mismatch", static_cast<int64_t>(ErrorCode::kRuntimeMaxMismatch));
+  c.Set("error_call_layout_mismatch", static_cast<int64_t>(ErrorCode::kCallLayoutMismatch));
+  c.Set("phase_none", static_cast<int64_t>(Phase::kNone));
+  c.Set("phase_dispatch", static_cast<int64_t>(Phase::kDispatch));
+  c.Set("phase_combine", static_cast<int64_t>(Phase::kCombine));
+  c.Set("quant_none", static_cast<int64_t>(QuantFormat::kNone));
+  c.Set("quant_fp8_block", static_cast<int64_t>(QuantFormat::kFp8Block));
+  c.Set("quant_mxfp8", static_cast<int64_t>(QuantFormat::kMxfp8));
+  c.Set("quant_nvfp4", static_cast<int64_t>(QuantFormat::kNvfp4));
+  for (const CallLayoutField& f : kCallLayoutFields) {
+    c.Set(std::string("call_layout:") + f.name, (static_cast<int64_t>(f.shift) << 8) | f.bits);
+  }
+  return c;
+}
+
 void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens,
                 int64_t top_k, int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token) {
   auto config =
@@ -64,7 +92,7 @@ void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int6
   const WorkspaceLayout layout = ComputeLayout(config);
   CheckRank(ep_rank, ep_size);
   CheckWorkspace(workspace, ep_size, layout.total_bytes);
-  TVM_FFI_CHECK(IsDType(metainfo, kDLInt, 64) && metainfo.ndim() == 1 && metainfo.size(0) == kNumMetainfo &&
+  A2A_CHECK(IsDType(metainfo, kDLInt, 64) && metainfo.ndim() == 1 && metainfo.size(0) == kNumMetainfo &&
                     metainfo.IsContiguous() && metainfo.device().device_type == kDLCPU,
                 ValueError)
       << "metainfo must be a contiguous CPU int64 tensor of shape [" << kNumMetainfo << "]";
@@ -82,7 +110,7 @@ void Initialize(TensorView workspace, TensorView metainfo, int64_t ep_rank, int6
     std::memset(metadata, 0, layout.routing_offset);
     return;
   }
-  TVM_FFI_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA (or CPU) tensor";
+  A2A_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA (or CPU) tensor";
   DeviceGuard guard(workspace.device().device_id);
   cudaStream_t stream = CurrentStream(workspace);
   PreloadKernels();

@@ -9,15 +9,15 @@ namespace flashinfer_a2a {
 
 inline WorkspaceConfig MakeWorkspaceConfig(int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
                                            int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token) {
-  TVM_FFI_CHECK(ep_size >= 1 && ep_size <= kMaxRanks, ValueError)
+  A2A_CHECK(ep_size >= 1 && ep_size <= kMaxRanks, ValueError)
       << "ep_size must be in [1, " << kMaxRanks << "], got " << ep_size;
-  TVM_FFI_CHECK(max_num_tokens >= 1 && max_num_tokens < (int64_t{1} << kRouteSlotBits), ValueError)
+  A2A_CHECK(max_num_tokens >= 1 && max_num_tokens < (int64_t{1} << kRouteSlotBits), ValueError)
       << "max_num_tokens must be in [1, " << (int64_t{1} << kRouteSlotBits) << "), got " << max_num_tokens;
-  TVM_FFI_CHECK(top_k >= 1 && top_k <= kMaxTopK, ValueError)
+  A2A_CHECK(top_k >= 1 && top_k <= kMaxTopK, ValueError)
       << "top_k must be in [1, " << kMaxTopK << "], got " << top_k;
-  TVM_FFI_CHECK(dispatch_bytes_per_token >= 0, ValueError)
+  A2A_CHECK(dispatch_bytes_per_token >= 0, ValueError)
       << "dispatch_bytes_per_token must be >= 0, got " << dispatch_bytes_per_token;
-  TVM_FFI_CHECK(combine_bytes_per_token >= 0, ValueError)
+  A2A_CHECK(combine_bytes_per_token >= 0, ValueError)
       << "combine_bytes_per_token must be >= 0, got " << combine_bytes_per_token;
   return WorkspaceConfig{static_cast<int32_t>(ep_size), max_num_tokens, static_cast<int32_t>(top_k),
                          dispatch_bytes_per_token, combine_bytes_per_token};
@@ -32,7 +32,7 @@ inline WorkspaceLayout CheckCudaWorkspace(const TensorView& workspace, int64_t e
                                           const WorkspaceConfig& config) {
   const WorkspaceLayout layout = ComputeLayout(config);
   CheckRank(ep_rank, config.ep_size);
-  TVM_FFI_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA tensor";
+  A2A_CHECK(IsCuda(workspace), ValueError) << "workspace must be a CUDA tensor";
   CheckWorkspace(workspace, config.ep_size, layout.total_bytes);
   return layout;
 }
@@ -45,7 +45,7 @@ struct QuantRequest {
 };
 
 inline QuantFormat ToQuantFormat(int64_t format) {
-  TVM_FFI_CHECK(format >= 0 && format <= 3, ValueError)
+  A2A_CHECK(format >= 0 && format <= 3, ValueError)
       << "quant_format must be 0 (none), 1 (fp8_block), 2 (mxfp8) or 3 (nvfp4), got " << format;
   return static_cast<QuantFormat>(format);
 }
@@ -53,12 +53,12 @@ inline QuantFormat ToQuantFormat(int64_t format) {
 inline QuantRequest MakeQuantRequest(QuantFormat format, int64_t hidden, bool swizzled) {
   QuantRequest q{format, hidden, swizzled};
   if (q.format == QuantFormat::kNone) {
-    TVM_FFI_CHECK(!swizzled, ValueError) << "swizzled_scales needs a quant_format";
+    A2A_CHECK(!swizzled, ValueError) << "swizzled_scales needs a quant_format";
     return q;
   }
-  TVM_FFI_CHECK(hidden >= 1 && hidden < (int64_t{1} << 30), ValueError)
+  A2A_CHECK(hidden >= 1 && hidden < (int64_t{1} << 30), ValueError)
       << "the hidden size to quantize must be in [1, 2^30), got " << hidden;
-  TVM_FFI_CHECK(!swizzled || q.format != QuantFormat::kFp8Block, ValueError)
+  A2A_CHECK(!swizzled || q.format != QuantFormat::kFp8Block, ValueError)
       << "swizzled_scales needs one-byte scales (mxfp8 or nvfp4); fp8_block scales are fp32";
   return q;
 }
@@ -75,17 +75,17 @@ struct RecvRegions {
 template <typename RowBytes>
 inline RecvRegions PlanRecvRegions(const WorkspaceConfig& config, const WorkspaceLayout& layout, int64_t runtime_max,
                                    const RowBytes& payload_row_bytes, const QuantRequest& quant) {
-  TVM_FFI_CHECK(runtime_max >= 0 && runtime_max <= config.max_num_tokens, ValueError)
+  A2A_CHECK(runtime_max >= 0 && runtime_max <= config.max_num_tokens, ValueError)
       << "runtime_max_tokens_per_rank must be in [0, max_num_tokens=" << config.max_num_tokens << "], got "
       << runtime_max;
   const int64_t num_payloads = static_cast<int64_t>(payload_row_bytes.size());
   const bool quantize = quant.format != QuantFormat::kNone;
   const int64_t max_payloads = quantize ? kMaxPayloads - 1 : kMaxPayloads;
-  TVM_FFI_CHECK(num_payloads <= max_payloads, ValueError)
+  A2A_CHECK(num_payloads <= max_payloads, ValueError)
       << "at most " << max_payloads << " payloads per dispatch"
       << (quantize ? " that quantizes (the hidden states arrive as values and scales)" : "") << ", got "
       << num_payloads;
-  TVM_FFI_CHECK(!quantize || num_payloads >= 1, ValueError) << "a quantizing dispatch needs the hidden states as "
+  A2A_CHECK(!quantize || num_payloads >= 1, ValueError) << "a quantizing dispatch needs the hidden states as "
                                                                "payloads[0]";
   RecvRegions regions;
   int64_t block_bytes[kMaxPayloads];
@@ -97,9 +97,9 @@ inline RecvRegions PlanRecvRegions(const WorkspaceConfig& config, const Workspac
   };
   for (int64_t p = 0; p < num_payloads; ++p) {
     const int64_t row = payload_row_bytes[p];
-    TVM_FFI_CHECK(row >= 1, ValueError) << "payload " << p << " has empty rows";
+    A2A_CHECK(row >= 1, ValueError) << "payload " << p << " has empty rows";
     if (p == 0 && quantize) {
-      TVM_FFI_CHECK(row == 2 * quant.hidden, ValueError)
+      A2A_CHECK(row == 2 * quant.hidden, ValueError)
           << "payloads[0] must be [num_tokens, hidden=" << quant.hidden << "] bf16 or fp16 to quantize";
       const QuantWire wire = WireOf(quant.format);
       add(wire.ValueBytes(quant.hidden), runtime_max * wire.ValueBytes(quant.hidden));
@@ -109,10 +109,10 @@ inline RecvRegions PlanRecvRegions(const WorkspaceConfig& config, const Workspac
       add(row, runtime_max * row);
     }
   }
-  TVM_FFI_CHECK(token_bytes <= config.dispatch_bytes_per_token, ValueError)
+  A2A_CHECK(token_bytes <= config.dispatch_bytes_per_token, ValueError)
       << "payloads need " << token_bytes << " bytes per token, the workspace was sized for dispatch_bytes_per_token="
       << config.dispatch_bytes_per_token;
-  TVM_FFI_CHECK(total_block_bytes <= config.max_num_tokens * config.dispatch_bytes_per_token, ValueError)
+  A2A_CHECK(total_block_bytes <= config.max_num_tokens * config.dispatch_bytes_per_token, ValueError)
       << "swizzled scales pad each source block to 128 rows: the payloads need " << total_block_bytes
       << " bytes per source block, the workspace holds max_num_tokens * dispatch_bytes_per_token = "
       << config.max_num_tokens * config.dispatch_bytes_per_token;

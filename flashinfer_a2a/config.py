@@ -96,6 +96,7 @@ def _flag(name: str) -> bool:
 
 # `9.0a`, `10.0a`, `12.0`, and the family-specific `10.0f` of CUDA 12.9+.
 _ARCH_RE = re.compile(r"^(\d+)\.(\d)([af]?)$")
+MIN_ARCH_MAJOR = 9  # Hopper: the oldest architecture the kernels are written for
 
 
 def _arch_key(arch: str) -> tuple[int, int, str]:
@@ -116,6 +117,10 @@ def parse_arch_list(text: str, source: str = "FLASHINFER_A2A_CUDA_ARCH_LIST") ->
     for entry in entries:
         if not _ARCH_RE.match(entry):
             raise ValueError(f"{source}: {entry!r} is not a CUDA architecture like '9.0a', '10.0a' or '9.0'")
+    too_old = [e for e in entries if _arch_key(e)[0] < MIN_ARCH_MAJOR]
+    if too_old:
+        raise ValueError(f"{source}: {', '.join(too_old)} is older than sm_90: flashinfer_a2a's kernels need Hopper "
+                         "(9.0a) or newer (they use sm_90 instructions and system-scope acquire/release)")
     return sorted(set(entries), key=_arch_key)
 
 
@@ -139,6 +144,11 @@ def cuda_arch_list() -> list[str]:
             "e.g. FLASHINFER_A2A_CUDA_ARCH_LIST='9.0a 10.0a'"
         )
     caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    old = sorted({f"{major}.{minor}" for major, minor in caps if major < MIN_ARCH_MAJOR})
+    if old:
+        raise RuntimeError(f"the visible GPUs include compute capability {', '.join(old)}: flashinfer_a2a needs "
+                           "sm_90 (Hopper) or newer; hide the older GPUs (CUDA_VISIBLE_DEVICES) or set "
+                           "FLASHINFER_A2A_CUDA_ARCH_LIST for the GPUs that will run it")
     return sorted({_arch_of_capability(*cap) for cap in caps}, key=_arch_key)
 
 

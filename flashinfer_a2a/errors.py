@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from . import ops
-
-# ErrorCode and Phase in include/flashinfer_a2a/workspace_layout.cuh.
-_TIMEOUT, _INVALID_EXPERT_ID, _RUNTIME_MAX_MISMATCH = 1, 2, 3
-_PHASES = {0: "none", 1: "dispatch", 2: "combine"}
+from .constants import call_layout_fields, library_constants
+from .layout import metadata_offsets
 
 
 class A2AError(RuntimeError):
     """A failure recorded by the kernels of one rank. ``peer`` is the rank involved (-1 if none).
 
-    After a timeout or a runtime_max mismatch the ranks are out of step: later calls on the workspace do nothing
-    until it is initialized again on every rank.
+    After a timeout, a runtime_max or a call-layout mismatch the ranks are out of step: later calls on the workspace
+    do nothing until it is initialized again on every rank.
     """
 
     def __init__(self, message: str, *, ep_rank: int, code: int, phase: str, peer: int, epoch: int, detail: int):
@@ -32,24 +27,36 @@ class A2AError(RuntimeError):
         )
 
 
-@functools.cache
-def metadata_offsets() -> dict[str, int]:
-    """Byte offsets of the metadata fields (they do not depend on the workspace sizes).
+def _code_names() -> dict[int, str]:
+    c = library_constants()
+    return {c[f"error_{name}"]: name for name in ("none", "timeout", "invalid_expert_id", "runtime_max_mismatch",
+                                                 "call_layout_mismatch")}
 
-    Read from the C++ layout by initializing a minimal workspace on the CPU: Python never re-derives offsets.
-    """
-    sizes = (1, 1, 1, 0, 0)
-    from .functional import empty_workspace
 
-    workspace = empty_workspace(1, ops.get_workspace_size(*sizes), "cpu")
-    metainfo = torch.empty(len(ops.METAINFO_NAMES), dtype=torch.int64)
-    ops.initialize(workspace, metainfo, 0, *sizes)
-    index = ops.get_metainfo_index_pairs()
-    return {name: int(metainfo[int(index[i])]) for i, name in enumerate(ops.METAINFO_NAMES)}
+def _phase_names() -> dict[int, str]:
+    c = library_constants()
+    return {c[f"phase_{name}"]: name for name in ("none", "dispatch", "combine")}
+
+
+def describe_call_layout(difference: int) -> list[str]:
+    """The fields of a dispatch call's layout that differ, from the XOR of two ranks' fingerprints."""
+    return [name for name, (shift, bits) in call_layout_fields().items() if (difference >> shift) & ((1 << bits) - 1)]
+
+
+def _check_workspace_and_rank(workspace, ep_rank) -> None:
+    if not isinstance(workspace, torch.Tensor) or workspace.dim() != 2 or workspace.dtype != torch.uint8:
+        got = (f"{workspace.dtype} tensor of shape {tuple(workspace.shape)}" if isinstance(workspace, torch.Tensor)
+               else type(workspace).__name__)
+        raise TypeError(f"workspace must be a [ep_size, bytes_per_rank] uint8 tensor, got {got}")
+    if isinstance(ep_rank, bool) or not isinstance(ep_rank, int):
+        raise TypeError(f"ep_rank must be an int, got {type(ep_rank).__name__} {ep_rank!r}")
+    if not 0 <= ep_rank < workspace.shape[0]:
+        raise ValueError(f"ep_rank must be in [0, ep_size={workspace.shape[0]}) of this workspace, got {ep_rank}")
 
 
 def read_error(workspace: torch.Tensor, ep_rank: int) -> tuple[int, int, int, int, int]:
     """(code, phase, peer, epoch, detail) of rank ``ep_rank``'s error record; synchronizes with the device."""
+    _check_workspace_and_rank(workspace, ep_rank)
     off = metadata_offsets()
     row = workspace[ep_rank]
 
@@ -69,29 +76,46 @@ def read_error(workspace: torch.Tensor, ep_rank: int) -> tuple[int, int, int, in
 def check_error(workspace: torch.Tensor, ep_rank: int) -> None:
     """Raises :class:`A2AError` (or ValueError for an invalid expert id) if rank ``ep_rank`` recorded an error.
 
-    Synchronizes with the device. ``FLASHINFER_A2A_DEBUG=1`` runs it after every eager op.
+    Synchronizes with the device. ``FLASHINFER_A2A_DEBUG=1`` runs it after every eager op. A record no kernel can
+    have written (the workspace was never initialized, or was overwritten) raises :class:`A2AError` saying so.
     """
     code, phase_id, peer, epoch, detail = read_error(workspace, ep_rank)
-    if code == 0:
+    codes = _code_names()
+    name = codes.get(code)
+    if name == "none":
         return
-    phase = _PHASES.get(phase_id, str(phase_id))
+    phase = _phase_names().get(phase_id)
+    if name is None or phase is None or not -1 <= peer < workspace.shape[0]:
+        message = (
+            f"flashinfer_a2a rank {ep_rank}: the error record holds code {code}, phase {phase_id}, peer {peer}, "
+            "which no kernel writes: this rank's workspace was not initialized (call initialize on every rank, "
+            "then a barrier, before the first dispatch) or its metadata was overwritten"
+        )
+        raise A2AError(message, ep_rank=ep_rank, code=code, phase=str(phase_id), peer=peer, epoch=epoch,
+                       detail=detail)
     where = f"flashinfer_a2a rank {ep_rank}, {phase} epoch {epoch}"
-    if code == _INVALID_EXPERT_ID:
+    if name == "invalid_expert_id":
         raise ValueError(
             f"{where}: topk_ids holds an expert id outside [-1, num_experts) at flat index {detail}; "
             "the id was skipped, not routed (re-initialize the workspace to clear this record)"
         )
-    if code == _TIMEOUT:
+    if name == "timeout":
         message = (
             f"{where}: timed out waiting for rank {peer}. Rank {peer} did not reach the same {phase} call "
             "(crashed, hung, or called dispatch/combine a different number of times). Re-initialize the workspace "
             "on every rank before the next call."
         )
-    elif code == _RUNTIME_MAX_MISMATCH:
+    elif name == "runtime_max_mismatch":
         message = (
             f"{where}: rank {peer} dispatched with runtime_max_tokens_per_rank={detail}, this rank with another "
             "value; every rank must pass the same value to the same call. Re-initialize the workspace on every rank."
         )
-    else:
-        message = f"{where}: unknown error code {code} (peer {peer}, detail {detail})"
+    else:  # call_layout_mismatch
+        fields = describe_call_layout(detail & 0xFFFFFFFFFFFFFFFF)
+        message = (
+            f"{where}: rank {peer} dispatched with another call layout than this rank (differing: "
+            f"{', '.join(fields) or 'unknown'}); its rows were not received (recv_counts[{peer}] = 0). Every rank "
+            "must dispatch the same payload row shapes and dtypes, topk_ids dtype and width, and quant_format. "
+            "Re-initialize the workspace on every rank."
+        )
     raise A2AError(message, ep_rank=ep_rank, code=code, phase=phase, peer=peer, epoch=epoch, detail=detail)

@@ -17,31 +17,39 @@ import torch
 
 from . import config as _config
 from . import ops
+from .constants import MAX_EP_SIZE, MAX_PAYLOADS, MAX_TOP_K, check_sizes  # noqa: F401 - public re-exports
 from .errors import check_error
+from .layout import empty_workspace  # noqa: F401 - public re-export
+from .validation import check_dispatch_inputs
 from .wire_formats import WireFormat, check_combine_format, wire_format
 
-MAX_EP_SIZE = 72
-MAX_TOP_K = 32
-MAX_PAYLOADS = 8
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkspaceConfig:
-    """The sizes a workspace is built for, per rank.
+    """The sizes a workspace is built for, per rank. Keyword-only, every size required (no default ``top_k``: a
+    wrong guess sizes the routing record for other calls than the ones made).
 
     Args:
         ep_size: ranks in the expert-parallel group, 1..72.
         max_num_tokens: most tokens any rank dispatches in one call (``runtime_max_tokens_per_rank`` bound).
+        top_k: most experts per token, 1..32 (the routing record holds this many entries per token).
         dispatch_bytes_per_token: sum of the row bytes of every payload dispatched in one call.
         combine_bytes_per_token: bytes of one combine row (``hidden * element size``).
-        top_k: most experts per token, 1..32 (the routing record holds this many entries per token).
     """
 
     ep_size: int
     max_num_tokens: int
+    top_k: int
     dispatch_bytes_per_token: int
     combine_bytes_per_token: int
-    top_k: int = MAX_TOP_K
+
+    def __post_init__(self) -> None:
+        for name in ("ep_size", "max_num_tokens", "top_k", "dispatch_bytes_per_token", "combine_bytes_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"WorkspaceConfig: {name} must be an int, got {type(value).__name__} {value!r}")
+        check_sizes(*self.sizes())
 
     def sizes(self) -> tuple[int, int, int, int, int]:
         """The size arguments in the order every op takes them."""
@@ -67,19 +75,6 @@ def get_workspace_size(ep_size: int, max_num_tokens: int, top_k: int, dispatch_b
     A constant under ``torch.compile`` (host arithmetic on static sizes).
     """
     return ops.get_workspace_size(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
-
-
-def empty_workspace(ep_size: int, bytes_per_rank: int, device: torch.device | str) -> torch.Tensor:
-    """An uninitialized ``[ep_size, bytes_per_rank] uint8`` workspace on one device, rows 128-byte aligned.
-
-    For simulated ranks (all on one GPU) and for CPU tests of :func:`initialize`; across processes the workspace
-    comes from symmetric memory instead.
-    """
-    if bytes_per_rank % 128:
-        raise ValueError(f"bytes_per_rank must be a multiple of 128, got {bytes_per_rank}")
-    flat = torch.empty(ep_size * bytes_per_rank + 128, dtype=torch.uint8, device=device)
-    skip = -flat.data_ptr() % 128
-    return flat[skip : skip + ep_size * bytes_per_rank].view(ep_size, bytes_per_rank)
 
 
 def get_metainfo_index_pairs() -> dict[str, int]:
@@ -239,6 +234,7 @@ def launch_dispatch(
 ) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any."""
+    check_dispatch_inputs(topk_ids, payloads)
     fmt = _quant_format(quant_format)
     if len(payloads) > MAX_PAYLOADS - (fmt is not None):
         raise ValueError(f"payloads: at most {MAX_PAYLOADS - (fmt is not None)} tensors per dispatch"

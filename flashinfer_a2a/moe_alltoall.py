@@ -8,7 +8,9 @@ import torch
 
 from . import config as _config
 from . import functional as F
+from .agreement import check_agreement, construction_record
 from .comm import as_communicator
+from .lifecycle import StreamBinding, barrier_within, release_workspace
 from .symm_mem import SymmetricWorkspace
 from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
@@ -67,11 +69,20 @@ class MoeAlltoAll:
         device: Optional[int] = None,
     ) -> None:
         self.comm = as_communicator(group)
+        # Before anything is checked or allocated: every rank raises alike on a difference (and on a bad argument).
+        check_agreement(self.comm, construction_record(
+            ep_size=self.comm.size, max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
+            hidden_size=hidden_size, dtype=dtype, extra_dispatch_bytes_per_token=extra_dispatch_bytes_per_token,
+            dispatch_format=dispatch_format, swizzled_scales=swizzled_scales, combine_format=combine_format,
+            push_combine=push_combine, dispatch_bytes_per_token=dispatch_bytes_per_token,
+            combine_bytes_per_token=combine_bytes_per_token))
         if hidden_size is None and (dispatch_bytes_per_token is None or combine_bytes_per_token is None):
             raise ValueError("MoeAlltoAll needs hidden_size, or both dispatch_bytes_per_token and "
                              "combine_bytes_per_token")
         if not 1 <= top_k <= F.MAX_TOP_K:
             raise ValueError(f"top_k must be in [1, {F.MAX_TOP_K}], got {top_k}")
+        if hidden_size is not None and hidden_size < 1:
+            raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
         # Read once, before any allocation: reading the environment would cost every eager call host time (about
@@ -91,14 +102,24 @@ class MoeAlltoAll:
             else:
                 combine_bytes_per_token = hidden_size * dtype.itemsize
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
-        self.config = F.WorkspaceConfig(self.comm.size, max_num_tokens, dispatch_bytes_per_token,
-                                        combine_bytes_per_token, top_k=top_k)
-        self._symm = SymmetricWorkspace(self.comm, self.config.bytes_per_rank, device)
+        self.config = F.WorkspaceConfig(ep_size=self.comm.size, max_num_tokens=max_num_tokens,
+                                        dispatch_bytes_per_token=dispatch_bytes_per_token,
+                                        combine_bytes_per_token=combine_bytes_per_token, top_k=top_k)
+        self._symm = SymmetricWorkspace(self.comm, self.config.bytes_per_rank, device, self._timeout_s)
         self.workspace = self._symm.tensor
         self.device = self.workspace.device
-        self.metainfo = F.initialize(self.workspace, self.ep_rank, self.config)
-        torch.cuda.synchronize(self.device)
-        self.comm.barrier()
+        try:
+            self.metainfo = F.initialize(self.workspace, self.ep_rank, self.config)
+            torch.cuda.synchronize(self.device)
+            passed, reason = barrier_within(self.comm, self._timeout_s)
+            if not passed:
+                raise RuntimeError(f"MoeAlltoAll: rank {self.ep_rank} initialized its workspace, but not every peer "
+                                   f"reached the barrier after it ({reason})")
+        except BaseException:
+            self.workspace = None
+            self._symm.destroy()  # a failed construction keeps nothing
+            raise
+        self._stream = StreamBinding(self.device)
         self._pending: Optional[tuple[int, int, torch.Tensor]] = None  # (num_tokens, runtime_max, recv_counts)
         self._views: dict[tuple, list[torch.Tensor]] = {}  # receive views by (runtime_max, payload row shapes)
         self._recv_counts = torch.empty(self.ep_size, dtype=torch.int32, device=self.device)
@@ -126,6 +147,7 @@ class MoeAlltoAll:
         :func:`flashinfer_a2a.functional.dispatch`); it then arrives as two views, values and scales.
         """
         self._check_alive()
+        self._stream.check("dispatch")
         if self._pending is not None:
             raise RuntimeError("MoeAlltoAll.dispatch called twice: call combine for the previous dispatch first")
         runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
@@ -175,6 +197,7 @@ class MoeAlltoAll:
         :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written.
         ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
         num_tokens, runtime_max, counts = self._require_pending("combine")
+        self._stream.check("combine")
         hidden, dtype = self._combine_row(None, None)
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
                            out=out, hidden=hidden, dtype=dtype,
@@ -207,19 +230,24 @@ class MoeAlltoAll:
         return "\n".join(lines)
 
     def destroy(self) -> None:
-        """Frees the workspace after a barrier (no peer may still read this rank's memory). Idempotent."""
+        """Frees this rank's workspace mappings, after a barrier bounded by ``FLASHINFER_A2A_TIMEOUT_S``; if a peer
+        is gone, alone, with a warning. Receive views kept past this keep the memory mapped until they die (they
+        read stale rows, never fault); dispatch/combine on this instance raise. Idempotent."""
         if self._symm is None:
             return
-        torch.cuda.synchronize(self.device)
-        self.comm.barrier()
+        symm, self._symm = self._symm, None
+        self.workspace, self._pending = None, None
         self._views.clear()
-        self._symm.destroy()
-        self._symm = None
-        self.workspace = None
+        release_workspace(symm.destroy, self.comm, self.device, self._timeout_s)
+
+    def bind_stream(self, stream: Optional[torch.cuda.Stream] = None) -> None:
+        """Binds this instance's steps to ``stream`` (default: the current one). The previous stream's work on
+        this instance must be ordered before the next step (an event or a synchronize)."""
+        self._stream.rebind(stream)
 
     def _check_alive(self) -> None:
         if self._symm is None:
-            raise RuntimeError("this MoeAlltoAll was destroyed")
+            raise RuntimeError("this MoeAlltoAll was destroyed: build a new one (its workspace is freed)")
 
     def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
         self._check_alive()
@@ -241,6 +269,11 @@ class MoeAlltoAll:
     def _check_same_call(self, runtime_max: int) -> None:
         """Debug mode: every rank makes the same call with the same runtime_max (a host round trip)."""
         mine = f"{self._calls}:{runtime_max}".encode()
+        passed, reason = barrier_within(self.comm, self._timeout_s)  # FLASHINFER_A2A_TIMEOUT_S, not the group's
+        if not passed:
+            raise RuntimeError(f"debug check of dispatch call {self._calls}: rank {self.ep_rank} waited "
+                               f"{self._timeout_s:g} s for the other ranks ({reason}); a rank that did not arrive "
+                               "crashed, hung, or makes fewer dispatch calls")
         seen = [s.decode() for s in self.comm.allgather(mine)]
         if len(set(seen)) != 1:
             detail = ", ".join(f"rank {r}: call {s.split(':')[0]} runtime_max {s.split(':')[1]}"

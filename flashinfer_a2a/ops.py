@@ -11,6 +11,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from . import validation as _check
+from .constants import check_sizes
 from .jit import get_a2a_module
 
 _LIB = torch.library.Library("flashinfer_a2a", "DEF")
@@ -96,6 +98,7 @@ def get_workspace_size(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
 
 @get_workspace_size.register_fake
 def _get_workspace_size_fake(*sizes):
+    check_sizes(*sizes)
     return get_workspace_size.impl(*sizes)  # host arithmetic: the fake computes what the real op does
 
 
@@ -119,7 +122,7 @@ def initialize(workspace, metainfo, ep_rank, *sizes):
 
 @initialize.register_fake
 def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
-    return None
+    _check.check_initialize_args(workspace, metainfo, ep_rank, sizes)
 
 
 @register(
@@ -137,8 +140,12 @@ def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_n
 
 
 @dispatch.register_fake
-def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, *sizes_and_args, **quant):
-    return None
+def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
+                   dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts,
+                   timeout_s, quant_format=0, global_scale=None, swizzled_scales=False):
+    sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
+    _check.check_dispatch_args(workspace, topk_ids, payloads, recv_counts, ep_rank, sizes,
+                               runtime_max_tokens_per_rank, num_experts, timeout_s, quant_format, global_scale)
 
 
 @register(
@@ -154,8 +161,12 @@ def combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tok
 
 
 @combine.register_fake
-def _combine_fake(workspace, partials, recv_counts, out, ep_rank, *sizes_and_args, **quant):
-    return None
+def _combine_fake(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k,
+                  dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s,
+                  one_gpu_per_rank, quant_format=0):
+    sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
+    _check.check_combine_args(workspace, partials, recv_counts, out, ep_rank, sizes, runtime_max_tokens_per_rank,
+                              timeout_s, quant_format)
 
 
 @register("sanitize_expert_ids(Tensor(a!) recv_topk_ids, Tensor recv_counts, int invalid_id) -> ()", "CUDA")
@@ -165,7 +176,7 @@ def sanitize_expert_ids(recv_topk_ids, recv_counts, invalid_id):
 
 @sanitize_expert_ids.register_fake
 def _sanitize_expert_ids_fake(recv_topk_ids, recv_counts, invalid_id):
-    return None
+    _check.check_sanitize_args(recv_topk_ids, recv_counts)
 
 
 def dispatch_layout(

@@ -14,12 +14,15 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import sys
 
 import torch
 
 from . import _cuda_driver as drv
+from . import config as _config
 from .comm import Communicator
 from .fd_exchange import allgather_fds, host_id
+from .lifecycle import bounded
 
 NCCL_HINT = (
     "flashinfer_a2a needs every rank's GPU to load and store to every other's memory (NVLink or PCIe peer access). "
@@ -75,43 +78,85 @@ class _DLManagedTensor(ctypes.Structure):
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
 _DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
 
-# The DLPack structs of every live workspace tensor, by address. torch calls the deleter when the tensor's storage
-# dies, which may be after SymmetricWorkspace.destroy (views kept by the caller or by compiled graphs): the structs
-# must live until then. The mapping itself is owned by SymmetricWorkspace, not by the tensor.
+# The DLPack structs of every live workspace tensor, by address, with the mapping behind the tensor. torch calls the
+# deleter when the tensor's storage dies (the last view of it included), which may be after destroy(): views kept
+# by the caller or by compiled graphs keep the memory mapped until then, so using them never faults.
 _LIVE_DLPACK: dict[int, object] = {}
 
 
 @_DELETER
 def _forget_dlpack(managed) -> None:
-    _LIVE_DLPACK.pop(ctypes.addressof(managed.contents), None)
+    entry = _LIVE_DLPACK.pop(ctypes.addressof(managed.contents), None)
+    if entry is not None and entry[2] is not None:
+        try:
+            entry[2].release()
+        except Exception as exc:  # noqa: BLE001 - a deleter cannot raise; say what was not freed
+            print(f"flashinfer_a2a: releasing a symmetric workspace failed: {exc}", file=sys.stderr)
 
 
-def _uint8_tensor(ptr: int, rows: int, cols: int, device: int) -> torch.Tensor:
-    """A CUDA uint8 tensor [rows, cols] over memory this module owns (not freed with the tensor)."""
+def _uint8_tensor(ptr: int, rows: int, cols: int, device: int, owner: object = None) -> torch.Tensor:
+    """A CUDA uint8 tensor [rows, cols] over memory this module owns; ``owner.release()`` runs when the tensor's
+    storage dies (its last view included)."""
     shape = (ctypes.c_int64 * 2)(rows, cols)
     managed = _DLManagedTensor()
     managed.dl_tensor = _DLTensor(ptr, _DLDevice(2, device), 2, _DLDataType(1, 8, 1), shape, None, 0)  # CUDA uint8
     managed.deleter = _forget_dlpack
-    _LIVE_DLPACK[ctypes.addressof(managed)] = (shape, managed)
+    _LIVE_DLPACK[ctypes.addressof(managed)] = (shape, managed, owner)
     new_capsule = ctypes.pythonapi.PyCapsule_New
     new_capsule.restype, new_capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
     return torch.utils.dlpack.from_dlpack(new_capsule(ctypes.addressof(managed), b"dltensor", None))
 
 
+class _Mapping:
+    """What this process holds of a symmetric workspace: its own allocation, the peers' imported handles, the
+    reserved range and the mappings in it. :meth:`release` undoes them all (idempotent)."""
+
+    def __init__(self, device: int, bytes_per_rank: int, ep_size: int) -> None:
+        self.device, self.bytes_per_rank, self.ep_size = device, bytes_per_rank, ep_size
+        self.own = 0
+        self.handles: list[int] = []
+        self.mapped: list[int] = []
+        self.base = 0
+
+    def release(self) -> None:
+        size = self.bytes_per_rank
+        if self.mapped and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize(self.device)  # no kernel may still be using the range
+        for r in self.mapped:
+            drv.unmap(self.base + r * size, size)
+        self.mapped = []
+        if self.base:
+            drv.address_free(self.base, size * self.ep_size)
+            self.base = 0
+        for handle in self.handles:
+            if handle != self.own:
+                drv.release(handle)
+        self.handles = []
+        if self.own:
+            drv.release(self.own)
+            self.own = 0
+
+
 class SymmetricWorkspace:
     """``[ep_size, bytes_per_rank]`` uint8 workspace, row r mapped to rank r's memory. Collective: every rank of
-    ``comm`` constructs it together. :meth:`destroy` (also collective in effect: peers' rows go away) unmaps and
-    frees; the tensor must not be used after it.
+    ``comm`` constructs it together. :meth:`destroy` drops this object's reference to the mapping; the mapping goes
+    (unmapped, handles released) when the last tensor viewing it dies, so a view kept past destroy() reads stale
+    but mapped memory instead of faulting. A failed construction frees everything it allocated and names the ranks
+    that failed.
 
     Args:
         comm: the ranks (see :mod:`flashinfer_a2a.comm`).
         bytes_per_rank: at least this many bytes per rank (rounded up to the allocation granularity).
         device: this rank's CUDA device (default: the current one).
+        timeout_s: bound on the handle exchange with the peers (default ``FLASHINFER_A2A_TIMEOUT_S``).
     """
 
-    def __init__(self, comm: Communicator, bytes_per_rank: int, device: int | None = None) -> None:
+    def __init__(self, comm: Communicator, bytes_per_rank: int, device: int | None = None,
+                 timeout_s: float | None = None) -> None:
         self.comm = comm
         self.device = torch.cuda.current_device() if device is None else int(device)
+        self.tensor: torch.Tensor | None = None
+        self._timeout_s = _config.timeout_s() if timeout_s is None else timeout_s
         torch.cuda.init()
         with torch.cuda.device(self.device):
             torch.empty(1, device="cuda")  # the primary context the driver calls run in
@@ -121,66 +166,65 @@ class SymmetricWorkspace:
         self.handle_type = choose_handle_type(caps)
         self._granularity = drv.granularity(self.device, self.handle_type)
         self.bytes_per_rank = -(-bytes_per_rank // self._granularity) * self._granularity
-        self._handles: list[int] = []
-        self._mapped: list[int] = []
-        self._base = 0
-        self._own = 0
+        self._mapping: _Mapping | None = _Mapping(self.device, self.bytes_per_rank, comm.size)
         try:
-            self._own = drv.mem_create(self.bytes_per_rank, self.device, self.handle_type)
-            self._handles = self._exchange()
+            self._mapping.own = drv.mem_create(self.bytes_per_rank, self.device, self.handle_type)
+            self._exchange()
             error = self._map()
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             error = f"{type(exc).__name__}: {exc}"
-        errors = [e.decode() for e in comm.allgather(error.encode() if error else b"")]
+        # Bounded: after a peer died in the exchange (which names it) this collective would otherwise wait for the
+        # process group's own timeout, holding this rank's allocation all along.
+        passed, result = bounded(lambda: comm.allgather(error.encode() if error else b""), self._timeout_s)
+        if not passed:
+            self.destroy()
+            raise RuntimeError(f"symmetric memory setup failed on rank {comm.rank}: "
+                               f"{error or 'this rank succeeded'}; the ranks could not compare results "
+                               f"({result}). This rank's allocation was freed.")
+        errors = [e.decode() for e in result]
         failed = {r: e for r, e in enumerate(errors) if e}
         if failed:
             self.destroy()
-            raise RuntimeError(f"symmetric memory setup failed on ranks {sorted(failed)}: {failed}. {NCCL_HINT}")
-        self.tensor = _uint8_tensor(self._base, comm.size, self.bytes_per_rank, self.device)
+            hint = f" {NCCL_HINT}" if any("cannot map" in e for e in failed.values()) else ""
+            raise RuntimeError(f"symmetric memory setup failed on ranks {sorted(failed)}: {failed}.{hint}")
+        self.tensor = _uint8_tensor(self._mapping.base, comm.size, self.bytes_per_rank, self.device, self._mapping)
 
-    def _exchange(self) -> list[int]:
+    def _exchange(self) -> None:
+        m = self._mapping
         if self.handle_type == drv.HANDLE_TYPE_FABRIC:
-            blobs = self.comm.allgather(drv.export_fabric(self._own))
-            return [self._own if r == self.comm.rank else drv.import_fabric(b) for r, b in enumerate(blobs)]
-        fd = drv.export_fd(self._own)
+            blobs = self.comm.allgather(drv.export_fabric(m.own))
+            for r, b in enumerate(blobs):
+                m.handles.append(m.own if r == self.comm.rank else drv.import_fabric(b))
+            return
+        fd = drv.export_fd(m.own)
         try:
-            fds = allgather_fds(self.comm, fd)
+            fds = allgather_fds(self.comm, fd, timeout_s=self._timeout_s)
         finally:
             os.close(fd)
-        handles = []
         try:
             for r, peer_fd in enumerate(fds):
-                handles.append(self._own if r == self.comm.rank else drv.import_fd(peer_fd))
+                m.handles.append(m.own if r == self.comm.rank else drv.import_fd(peer_fd))
         finally:
             for peer_fd in fds:
                 os.close(peer_fd)
-        return handles
 
     def _map(self) -> str:
+        m = self._mapping
         size = self.bytes_per_rank
-        self._base = drv.address_reserve(size * self.comm.size, self._granularity)
-        for r, handle in enumerate(self._handles):
+        m.base = drv.address_reserve(size * self.comm.size, self._granularity)
+        for r, handle in enumerate(m.handles):
             try:
-                drv.map_and_enable(self._base + r * size, size, handle, self.device)
+                drv.map_and_enable(m.base + r * size, size, handle, self.device)
             except drv.CudaDriverError as exc:
                 return f"cannot map rank {r}'s workspace on cuda:{self.device} ({exc})"
-            self._mapped.append(r)
+            m.mapped.append(r)
         return ""
 
     def destroy(self) -> None:
-        """Unmaps every rank's memory, releases the handles and the address range. Idempotent."""
-        size = self.bytes_per_rank
-        for r in self._mapped:
-            drv.unmap(self._base + r * size, size)
-        self._mapped = []
-        if self._base:
-            drv.address_free(self._base, size * self.comm.size)
-            self._base = 0
-        for r, handle in enumerate(self._handles):
-            if handle != self._own:
-                drv.release(handle)
-        self._handles = []
-        if self._own:
-            drv.release(self._own)
-            self._own = 0
-        self.tensor = None
+        """Drops this object's hold on the mapping: it is unmapped and released now, or, while a tensor viewing
+        it is alive, when the last one dies. Idempotent; local (no collective)."""
+        mapping, self._mapping = self._mapping, None
+        if self.tensor is not None:
+            self.tensor = None  # the deleter releases the mapping once no view is left
+        elif mapping is not None:
+            mapping.release()

@@ -52,8 +52,21 @@ def test_bad_arch_list_names_the_variable(monkeypatch, bad):
 def test_arch_list_defaults_to_the_visible_gpus(monkeypatch):
     fake_gpus(monkeypatch, [(10, 0), (9, 0), (9, 0)])
     assert config.cuda_arch_list() == ["9.0a", "10.0a"]
-    fake_gpus(monkeypatch, [(8, 0), (12, 0)])
-    assert config.cuda_arch_list() == ["8.0", "12.0"]
+    fake_gpus(monkeypatch, [(12, 0), (9, 0)])
+    assert config.cuda_arch_list() == ["9.0a", "12.0"]
+
+
+def test_gpus_older_than_hopper_are_refused_before_nvcc(monkeypatch):
+    fake_gpus(monkeypatch, [(8, 0), (9, 0)])
+    with pytest.raises(RuntimeError, match="compute capability 8.0: flashinfer_a2a needs sm_90"):
+        config.cuda_arch_list()
+
+
+@pytest.mark.parametrize("text", ["8.0", "9.0a 8.6", "7.5,10.0a"])
+def test_arch_list_older_than_hopper_names_the_variable(monkeypatch, text):
+    monkeypatch.setenv("FLASHINFER_A2A_CUDA_ARCH_LIST", text)
+    with pytest.raises(ValueError, match=r"FLASHINFER_A2A_CUDA_ARCH_LIST: .* is older than sm_90"):
+        config.cuda_arch_list()
 
 
 def test_no_gpu_and_no_arch_list_tells_what_to_set(monkeypatch):

@@ -47,7 +47,8 @@ def test_workspace_size_and_metainfo(sizes):
     if ep_size * regions["bytes_per_rank"] > 256 << 20:
         return  # the metainfo of the large shapes would need a workspace this machine cannot hold
     workspace = empty_workspace(ep_size, regions["bytes_per_rank"], "cpu").fill_(0x5A)
-    config = fa.WorkspaceConfig(ep_size, sizes[1], sizes[3], sizes[4], top_k=sizes[2])
+    config = fa.WorkspaceConfig(ep_size=ep_size, max_num_tokens=sizes[1], dispatch_bytes_per_token=sizes[3],
+                                combine_bytes_per_token=sizes[4], top_k=sizes[2])
     metainfo = fa.initialize(workspace, ep_size - 1, config)
     index = fa.get_metainfo_index_pairs()
     got = {name: int(metainfo[i]) for name, i in index.items()}
@@ -65,7 +66,8 @@ def test_workspace_size_and_metainfo(sizes):
 
 
 def test_dispatch_layout_packs_payloads_inside_the_dispatch_region():
-    config = fa.WorkspaceConfig(4, 64, 100 + 3 + 4096, 512, top_k=8)
+    config = fa.WorkspaceConfig(ep_size=4, max_num_tokens=64, dispatch_bytes_per_token=100 + 3 + 4096,
+                                combine_bytes_per_token=512, top_k=8)
     offsets, combine = ops.dispatch_layout(*config.sizes(), 50, [100, 3, 4096])
     _, regions = _expected(*config.sizes())
     assert offsets[0] == regions["dispatch_offset"]
@@ -84,7 +86,8 @@ def test_bad_sizes_name_the_argument(args, message):
 
 
 def test_dispatch_layout_rejects_oversized_payloads():
-    config = fa.WorkspaceConfig(2, 8, 64, 64, top_k=2)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=8, dispatch_bytes_per_token=64, combine_bytes_per_token=64,
+                                top_k=2)
     with pytest.raises(ValueError, match="dispatch_bytes_per_token=64"):
         ops.dispatch_layout(*config.sizes(), 8, [64, 1])
     with pytest.raises(ValueError, match="runtime_max_tokens_per_rank"):
@@ -92,7 +95,8 @@ def test_dispatch_layout_rejects_oversized_payloads():
 
 
 def test_ops_under_fake_tensor_mode():
-    config = fa.WorkspaceConfig(2, 16, 64, 64, top_k=4)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=16, dispatch_bytes_per_token=64, combine_bytes_per_token=64,
+                                top_k=4)
     with FakeTensorMode():
         workspace = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8)
         metainfo = torch.empty(len(ops.METAINFO_NAMES), dtype=torch.int64)
@@ -115,7 +119,8 @@ def _capturing_backend(captured):
 
 
 def test_initialize_compiles_fullgraph_on_cpu():
-    config = fa.WorkspaceConfig(2, 16, 64, 64, top_k=4)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=16, dispatch_bytes_per_token=64, combine_bytes_per_token=64,
+                                top_k=4)
 
     def setup(workspace, metainfo):
         ops.initialize(workspace, metainfo, 1, *config.sizes())
@@ -135,7 +140,8 @@ def test_initialize_compiles_fullgraph_on_cpu():
 def test_dispatch_sanitize_combine_fakes_trace_fullgraph():
     """The whole layer traced by dynamo with fake kernels (meta tensors: no GPU here)."""
     hidden, top_k, runtime_max = 256, 4, 16
-    config = fa.WorkspaceConfig(2, 16, hidden * 2 + top_k * 8, hidden * 2, top_k=top_k)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=16, dispatch_bytes_per_token=hidden * 2 + top_k * 8,
+                                combine_bytes_per_token=hidden * 2, top_k=top_k)
 
     def layer(workspace, ids, x):
         (recv_x, recv_ids), counts = fa.dispatch(workspace, 0, config, ids, [x, ids], runtime_max, 8)
@@ -163,8 +169,9 @@ def test_quantizing_dispatch_and_fp8_combine_trace_fullgraph(fmt, swizzled):
 
     hidden, top_k, runtime_max = 1040, 4, 40
     wire = wire_format(fmt)
-    config = fa.WorkspaceConfig(2, 40, wire.dispatch_bytes_per_token(hidden, 40, swizzled) + top_k * 8, hidden * 2,
-                                top_k=top_k)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=40,
+                                dispatch_bytes_per_token=wire.dispatch_bytes_per_token(hidden, 40, swizzled) + top_k * 8,
+                                combine_bytes_per_token=hidden * 2, top_k=top_k)
 
     def layer(workspace, ids, x, gs):
         (values, scales, recv_ids), counts = fa.dispatch(
@@ -195,7 +202,8 @@ def test_quantizing_dispatch_and_fp8_combine_trace_fullgraph(fmt, swizzled):
 
 
 def test_quantization_arguments_are_checked_before_any_launch():
-    config = fa.WorkspaceConfig(2, 16, 4096, 512, top_k=4)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=16, dispatch_bytes_per_token=4096,
+                                combine_bytes_per_token=512, top_k=4)
     workspace = empty_workspace(2, config.bytes_per_rank, "cpu")
     ids = torch.zeros(4, 4, dtype=torch.int32)
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
@@ -211,7 +219,8 @@ def test_quantization_arguments_are_checked_before_any_launch():
 def test_plain_eager_calls_skip_the_dispatcher_and_modes_do_not(monkeypatch):
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    config = fa.WorkspaceConfig(2, 8, 64, 64, top_k=4)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=8, dispatch_bytes_per_token=64, combine_bytes_per_token=64,
+                                top_k=4)
     workspace = empty_workspace(2, config.bytes_per_rank, "cpu")
     metainfo = torch.empty(len(ops.METAINFO_NAMES), dtype=torch.int64)
 
@@ -240,7 +249,8 @@ def test_plain_eager_calls_skip_the_dispatcher_and_modes_do_not(monkeypatch):
 def test_debug_argument_overrides_the_environment(monkeypatch):
     """debug=True runs the host id check without FLASHINFER_A2A_DEBUG; debug=False skips it with the variable set
     (the C++ entry then refuses the CPU workspace instead: the check is the only step before it)."""
-    config = fa.WorkspaceConfig(2, 16, 4096, 512, top_k=4)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=16, dispatch_bytes_per_token=4096,
+                                combine_bytes_per_token=512, top_k=4)
     workspace = empty_workspace(2, config.bytes_per_rank, "cpu")
     ids = torch.tensor([[0, 1, 2, 9]], dtype=torch.int32)  # 9: not one of the 8 experts
     x = torch.zeros(1, 256, dtype=torch.bfloat16)

@@ -133,8 +133,10 @@ class A2A:
         self.session, self.num_experts, self.variant = session, args.shape.num_experts, variant
         max_tokens = max(args.tokens)
         if session.simulated:
-            config = F.WorkspaceConfig(session.ep_size, max_tokens, dispatch_row_bytes(args, dtype, variant),
-                                       args.shape.hidden * dtype.itemsize, top_k=args.shape.top_k)
+            config = F.WorkspaceConfig(ep_size=session.ep_size, max_num_tokens=max_tokens,
+                                       dispatch_bytes_per_token=dispatch_row_bytes(args, dtype, variant),
+                                       combine_bytes_per_token=args.shape.hidden * dtype.itemsize,
+                                       top_k=args.shape.top_k)
             self.sim = SimulatedRanks(config, session.device)
             self.moe = None
         else:

@@ -66,6 +66,7 @@ struct DispatchParams {
   int64_t routing_offset;
   int32_t* recv_counts;  // [ep_size] out: tokens received from each source rank
   uint64_t timeout_ns;
+  uint64_t call_layout;  // fingerprint of this call's layout (workspace_layout.cuh), compared with every peer's
 };
 
 __device__ __forceinline__ uint32_t LaneMaskLt() {
@@ -309,6 +310,7 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
     const uint32_t count = *reinterpret_cast<volatile int32_t*>(&meta->send_counts[r]);
     RankMetadata* peer = p.ranks.Meta(r);
     *reinterpret_cast<volatile int32_t*>(&peer->peer_runtime_max[p.ranks.ep_rank]) = p.runtime_max;
+    *reinterpret_cast<volatile uint64_t*>(&peer->peer_call_layout[p.ranks.ep_rank]) = p.call_layout;
     StoreReleaseSys(&peer->dispatch_signal[p.ranks.ep_rank], (static_cast<uint64_t>(epoch) << 32) | count);
   }
   for (int src = threadIdx.x; src < ep_size; src += kDispatchThreads) {
@@ -324,8 +326,12 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
       RecordError(meta, ErrorCode::kTimeout, Phase::kDispatch, src, epoch, 0);
     } else {
       const int32_t peer_max = *reinterpret_cast<volatile int32_t*>(&meta->peer_runtime_max[src]);
+      const uint64_t peer_layout = *reinterpret_cast<volatile uint64_t*>(&meta->peer_call_layout[src]);
       if (peer_max != p.runtime_max) {
         RecordError(meta, ErrorCode::kRuntimeMaxMismatch, Phase::kDispatch, src, epoch, peer_max);
+      } else if (peer_layout != p.call_layout) {  // its rows sit at other offsets or hold other types: count 0
+        RecordError(meta, ErrorCode::kCallLayoutMismatch, Phase::kDispatch, src, epoch,
+                    static_cast<int64_t>(peer_layout ^ p.call_layout));
       } else {
         count = static_cast<int32_t>(signal & 0xffffffffu);
       }

@@ -29,7 +29,8 @@ struct Ranks {
 // Fatal errors leave the ranks out of step until the workspace is re-initialized; an invalid expert id does not.
 __host__ __device__ constexpr bool IsFatal(int32_t code) {
   return code == static_cast<int32_t>(ErrorCode::kTimeout) ||
-         code == static_cast<int32_t>(ErrorCode::kRuntimeMaxMismatch);
+         code == static_cast<int32_t>(ErrorCode::kRuntimeMaxMismatch) ||
+         code == static_cast<int32_t>(ErrorCode::kCallLayoutMismatch);
 }
 
 // Records the first error on this rank, except that a fatal error replaces a non-fatal one: the record then names

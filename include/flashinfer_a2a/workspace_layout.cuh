@@ -36,6 +36,7 @@ enum class ErrorCode : int32_t {
   kTimeout = 1,             // a spin-wait on `peer` expired
   kInvalidExpertId = 2,     // a top-k id outside [-1, num_experts); detail = flat index into topk_ids
   kRuntimeMaxMismatch = 3,  // `peer` dispatched with another runtime_max_tokens_per_rank; detail = its value
+  kCallLayoutMismatch = 4,  // `peer` dispatched another call layout; detail = its fingerprint XOR this rank's
 };
 
 enum class Phase : int32_t { kNone = 0, kDispatch = 1, kCombine = 2 };
@@ -63,8 +64,32 @@ struct alignas(kAlignBytes) RankMetadata {
   // Written by peers, indexed by the writing rank.
   alignas(kAlignBytes) uint64_t dispatch_signal[kMaxRanks];  // (epoch << 32) | tokens that rank sent here
   alignas(kAlignBytes) int32_t peer_runtime_max[kMaxRanks];  // its runtime_max_tokens_per_rank, before the signal
+  alignas(kAlignBytes) uint64_t peer_call_layout[kMaxRanks];  // its CallLayout fingerprint, before the signal
   alignas(kAlignBytes) uint32_t combine_signal[kMaxRanks];   // epoch whose combine input that rank has published
 };
+
+// Fingerprint of a dispatch call's layout, published with the send counts so a receiver can refuse rows laid out
+// differently from its own call (int64 ids on one rank, int32 on another: every row lands at the wrong offsets).
+// Fields sit in bit ranges of their own, so the XOR of two fingerprints names the fields that differ:
+//   bits 0-5 top_k (columns of topk_ids), bit 6 int64 ids, bits 7-8 QuantFormat, bit 9 swizzled scales,
+//   bits 10-13 number of payloads, bits 14-31 hash of the payload dtypes, bits 32-63 hash of their row bytes.
+struct CallLayoutField {
+  const char* name;
+  int shift;
+  int bits;
+};
+constexpr CallLayoutField kCallLayoutFields[] = {
+    {"top_k", 0, 6},           {"topk_ids dtype", 6, 1},        {"quant_format", 7, 2},
+    {"swizzled_scales", 9, 1}, {"number of payloads", 10, 4},   {"payload dtypes", 14, 18},
+    {"payload row bytes", 32, 32},
+};
+
+// FNV-1a, 64-bit: a step per value, no tables; folded to the width of its field.
+constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+constexpr uint64_t Fnv1a(uint64_t hash, uint64_t value) {
+  for (int i = 0; i < 8; ++i) hash = (hash ^ ((value >> (8 * i)) & 0xffu)) * 1099511628211ull;
+  return hash;
+}
 
 constexpr int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 

@@ -68,8 +68,10 @@ def run_case(case: Case, device="cuda", seed: Optional[int] = None, sim: Optiona
     topk_ids, payloads = make_inputs(case, device, gen)
     if sim is None:
         dispatch_bytes = sum(row_bytes(p) for p in payloads[0])
-        config = WorkspaceConfig(case.ep_size, case.runtime_max, dispatch_bytes,
-                                 case.hidden * case.combine_dtype.itemsize, top_k=max(case.top_k, 1))
+        config = WorkspaceConfig(ep_size=case.ep_size, max_num_tokens=case.runtime_max,
+                                 dispatch_bytes_per_token=dispatch_bytes,
+                                 combine_bytes_per_token=case.hidden * case.combine_dtype.itemsize,
+                                 top_k=max(case.top_k, 1))
         sim = SimulatedRanks(config, device)
     # Poison everything the kernels write: receive regions and counts must be fully overwritten where valid.
     scramble_(sim.workspace[:, metadata_offsets()["metadata_bytes"] :])  # all but the metadata

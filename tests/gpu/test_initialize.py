@@ -9,7 +9,8 @@ from flashinfer_a2a.functional import empty_workspace
 
 
 def test_initialize_clears_only_this_ranks_metadata():
-    config = fa.WorkspaceConfig(4, 64, 7168 * 2, 7168 * 2, top_k=8)
+    config = fa.WorkspaceConfig(ep_size=4, max_num_tokens=64, dispatch_bytes_per_token=7168 * 2,
+                                combine_bytes_per_token=7168 * 2, top_k=8)
     ws = empty_workspace(4, config.bytes_per_rank, "cuda")
     ws.fill_(0xA5)
     metainfo = fa.initialize(ws, 2, config)
@@ -29,7 +30,8 @@ def test_initialize_clears_only_this_ranks_metadata():
 
 
 def test_initialize_opcheck():
-    config = fa.WorkspaceConfig(2, 16, 256, 256, top_k=4)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=16, dispatch_bytes_per_token=256,
+                                combine_bytes_per_token=256, top_k=4)
     ws = empty_workspace(2, config.bytes_per_rank, "cuda")
     metainfo = torch.empty(len(ops.METAINFO_NAMES), dtype=torch.int64)
     torch.library.opcheck(ops.initialize.overload, (ws, metainfo, 1, *config.sizes()))

@@ -69,7 +69,8 @@ def test_quantizing_dispatch_matches_reference(fmt, swizzled, shape_name):
     xs = [hidden_states(n, shape, gen, "cuda") for n in shape.tokens]
     global_scale = 448.0 * 6.0 / max(float(x.abs().max()) if x.numel() else 0.0 for x in xs)
     row = wire.dispatch_bytes_per_token(shape.hidden, shape.runtime_max, swizzled) + top_k * 4
-    config = fa.WorkspaceConfig(shape.ep_size, shape.runtime_max, row, shape.hidden * 2, top_k=top_k)
+    config = fa.WorkspaceConfig(ep_size=shape.ep_size, max_num_tokens=shape.runtime_max, dispatch_bytes_per_token=row,
+                                combine_bytes_per_token=shape.hidden * 2, top_k=top_k)
     sim = SimulatedRanks(config, "cuda")
     scramble_(sim.workspace[:, metadata_offsets()["metadata_bytes"]:])
     gs = torch.tensor([global_scale], dtype=torch.float32, device="cuda") if fmt == "nvfp4" else None
@@ -101,7 +102,8 @@ def test_quantizing_dispatch_matches_reference(fmt, swizzled, shape_name):
 
 
 def test_quantizing_dispatch_errors_name_the_argument():
-    config = fa.WorkspaceConfig(2, 16, 4096, 512, top_k=4)
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=16, dispatch_bytes_per_token=4096,
+                                combine_bytes_per_token=512, top_k=4)
     sim = SimulatedRanks(config, "cuda")
     ids = torch.zeros(4, 4, dtype=torch.int32, device="cuda")
     x = torch.zeros(4, 256, dtype=torch.bfloat16, device="cuda")
@@ -132,7 +134,8 @@ def test_fp8_wire_combine_matches_reference(ep_size, hidden, dtype, zero_copy):
     tokens = [int(n) for n in torch.randint(0, runtime_max + 1, (ep_size,), generator=gen)]
     tokens[0] = runtime_max
     ids = [ref.random_topk_ids(n, top_k, num_experts, generator=gen) for n in tokens]
-    config = fa.WorkspaceConfig(ep_size, runtime_max, top_k * 4, hidden * 2, top_k=top_k)
+    config = fa.WorkspaceConfig(ep_size=ep_size, max_num_tokens=runtime_max, dispatch_bytes_per_token=top_k * 4,
+                                combine_bytes_per_token=hidden * 2, top_k=top_k)
     sim = SimulatedRanks(config, "cuda")
     scramble_(sim.workspace[:, metadata_offsets()["metadata_bytes"]:])
     results = sim.dispatch([i.cuda() for i in ids], [[i.cuda()] for i in ids], runtime_max, num_experts)

@@ -17,7 +17,8 @@ def _inputs(ep_size, tokens, gen):
 
 
 def _config(ep_size, max_tokens):
-    return fa.WorkspaceConfig(ep_size, max_tokens, HIDDEN * 2, HIDDEN * 2, top_k=TOP_K)
+    return fa.WorkspaceConfig(ep_size=ep_size, max_num_tokens=max_tokens, dispatch_bytes_per_token=HIDDEN * 2,
+                              combine_bytes_per_token=HIDDEN * 2, top_k=TOP_K)
 
 
 def test_opcheck_dispatch_and_combine():
@@ -50,7 +51,9 @@ def _moe_layer(workspace, rank, config, ids, hidden, runtime_max):
 def test_compile_fullgraph_matches_eager():
     gen = torch.Generator().manual_seed(torch.seed())
     ep_size, tokens = 2, 48
-    config = fa.WorkspaceConfig(ep_size, tokens, HIDDEN * 2 + TOP_K * 4, HIDDEN * 2, top_k=TOP_K)
+    config = fa.WorkspaceConfig(ep_size=ep_size, max_num_tokens=tokens,
+                                dispatch_bytes_per_token=HIDDEN * 2 + TOP_K * 4, combine_bytes_per_token=HIDDEN * 2,
+                                top_k=TOP_K)
     sim = SimulatedRanks(config)
     compiled = torch.compile(_moe_layer, fullgraph=True)
     for _ in range(3):
@@ -67,7 +70,9 @@ def test_cuda_graph_replay_matches_eager():
     concurrently and stay in step through the epochs in device memory, interleaved with eager calls."""
     gen = torch.Generator().manual_seed(torch.seed())
     ep_size, tokens = 2, 40
-    config = fa.WorkspaceConfig(ep_size, tokens, HIDDEN * 2 + TOP_K * 4, HIDDEN * 2, top_k=TOP_K)
+    config = fa.WorkspaceConfig(ep_size=ep_size, max_num_tokens=tokens,
+                                dispatch_bytes_per_token=HIDDEN * 2 + TOP_K * 4, combine_bytes_per_token=HIDDEN * 2,
+                                top_k=TOP_K)
     sim = SimulatedRanks(config)
     static_ids, static_hidden = _inputs(ep_size, tokens, gen)
     sim.run(lambda r: _moe_layer(sim.workspace, r, config, static_ids[r], static_hidden[r], tokens))

@@ -1,0 +1,76 @@
+"""Ranks that disagree, peers that die, misuse: caught before a launch, named, and survived (CPU, gloo ranks)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from flashinfer_a2a.agreement import check_agreement, construction_record
+from flashinfer_a2a.lifecycle import bounded
+
+from .reliability_workers import spawn
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_construction_mismatch_raises_on_every_rank(tmp_path, world_size):
+    spawn("construction_mismatch", world_size, tmp_path)
+
+
+def test_bad_argument_on_one_rank_fails_every_rank(tmp_path):
+    spawn("bad_argument_on_one_rank", 2, tmp_path)
+
+
+def test_destroy_frees_locally_when_a_peer_is_dead(tmp_path):
+    spawn("destroy_with_dead_peer", 3, tmp_path)
+
+
+def test_destroy_with_every_peer_alive(tmp_path):
+    spawn("destroy_all_alive", 2, tmp_path)
+
+
+def test_missing_peer_is_named_within_the_timeout(tmp_path):
+    spawn("missing_peer_is_named", 2, tmp_path)
+
+
+class Gathered:
+    """A Communicator whose allgather returns records given up front (rank 0 is this process)."""
+
+    rank, size = 0, 3
+
+    def __init__(self, records):
+        self.records = records
+
+    def allgather(self, data: bytes) -> list[bytes]:
+        import json
+
+        assert json.loads(data) == self.records[0]
+        return [json.dumps(r).encode() for r in self.records]
+
+
+def test_agreement_names_every_differing_field_and_value():
+    base = construction_record(hidden_size=1024, top_k=8, dtype="torch.bfloat16", dispatch_format=None)
+    other = dict(base, hidden_size="1536")
+    third = dict(base, dtype="torch.float16", top_k="8")
+    check_agreement(Gathered([base, base, base]), base)  # all equal: silent
+    with pytest.raises(ValueError) as info:
+        check_agreement(Gathered([base, other, third]), base)
+    text = str(info.value)
+    assert "hidden_size (rank 0: 1024, rank 1: 1536, rank 2: 1024)" in text
+    assert "dtype (rank 0: torch.bfloat16, rank 1: torch.bfloat16, rank 2: torch.float16)" in text
+    assert "top_k (" not in text and "dispatch_format (" not in text
+
+
+def test_agreement_names_a_field_one_rank_lacks():
+    base = construction_record(hidden_size=1024)
+    with pytest.raises(ValueError, match=r"namespace \(rank 0: <missing>, rank 1: a, rank 2: <missing>\)"):
+        check_agreement(Gathered([base, dict(base, namespace="a"), base]), base)
+
+
+def test_bounded_reports_a_hang_and_an_error():
+    start = time.monotonic()
+    assert bounded(lambda: time.sleep(5), 0.2) == (False, "no answer within 0.2 s")
+    assert time.monotonic() - start < 2
+    assert bounded(lambda: 7, 1.0) == (True, 7)
+    ok, reason = bounded(lambda: 1 / 0, 1.0)
+    assert not ok and reason.startswith("ZeroDivisionError")
