@@ -69,6 +69,21 @@ class Op:
         return fake
 
 
+def _caller_errors(impl: Callable) -> Callable:
+    """``impl`` raising a caller's mistake (ValueError, TypeError from the C++ checks) as a plain exception of the
+    same type and message: without the C++ frames tvm-ffi appends to the traceback, which name source paths of
+    the machine the library was built on."""
+
+    def call(*args, **kwargs):
+        try:
+            return impl(*args, **kwargs)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(str(exc)) from None
+
+    call.__name__, call.__doc__ = impl.__name__, impl.__doc__
+    return call
+
+
 def register(schema: str, dispatch_key: str = "CompositeExplicitAutograd") -> Callable[[Callable], Op]:
     """Defines ``flashinfer_a2a::<schema>`` and registers the decorated function as its implementation.
 
@@ -78,6 +93,7 @@ def register(schema: str, dispatch_key: str = "CompositeExplicitAutograd") -> Ca
 
     def wrap(impl: Callable) -> Op:
         name = schema.split("(", 1)[0]
+        impl = _caller_errors(impl)
         _LIB.define(schema)
         _LIB.impl(name, impl, dispatch_key)
         return Op(name, impl)
@@ -179,6 +195,7 @@ def _sanitize_expert_ids_fake(recv_topk_ids, recv_counts, invalid_id):
     _check.check_sanitize_args(recv_topk_ids, recv_counts)
 
 
+@_caller_errors
 def dispatch_layout(
     ep_size: int,
     max_num_tokens: int,

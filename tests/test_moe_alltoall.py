@@ -6,14 +6,24 @@ from flashinfer_a2a import MoeAlltoAll
 
 
 class _OneRank:
-    """A communicator of one rank; the checks below must fail before it is ever used."""
+    """A communicator of one rank. Its only collective may be the construction agreement, which comes before the
+    argument checks (so that a bad argument on one rank fails every rank, tests/test_reliability.py); nothing after
+    it may be reached."""
 
     rank, size = 0, 1
 
-    def allgather(self, data):
-        raise AssertionError("argument checks must come before any collective")
+    def __init__(self):
+        self.gathers = 0
 
-    broadcast = barrier = allgather
+    def allgather(self, data):
+        self.gathers += 1
+        assert self.gathers == 1, "argument checks must come right after the agreement, before any other collective"
+        return [bytes(data)]
+
+    def broadcast(self, data, root=0):
+        raise AssertionError("argument checks must come before any other collective")
+
+    barrier = broadcast
 
 
 @pytest.mark.parametrize(
