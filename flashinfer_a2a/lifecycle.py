@@ -24,9 +24,14 @@ def bounded(call: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
     ``(False, reason)`` (the exception it raised, or a timeout). A call that never returns is left to its thread,
     which does not keep the process alive."""
     box: dict[str, Any] = {}
+    # The current CUDA device is per thread: NCCL's object collectives and barrier stage through it, so the helper
+    # thread must use the caller's GPU, not device 0.
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
 
     def run() -> None:
         try:
+            if device is not None:
+                torch.cuda.set_device(device)
             box["result"] = call()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller
             box["error"] = exc
@@ -98,12 +103,16 @@ class StreamBinding:
         self.stream: Optional[int] = None
 
     def check(self, step: str) -> None:
-        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        if torch.compiler.is_compiling():  # first: dynamo folds it, and traces nothing below
             return
         current = _stream_id(self.device)
+        if current == self.stream:  # the eager steady state: one comparison
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return
         if self.stream is None:
             self.stream = current
-        elif current != self.stream:
+        else:
             raise RuntimeError(
                 f"MoeAlltoAll.{step} issued on CUDA stream {current:#x}, but this instance is bound to stream "
                 f"{self.stream:#x} (its first step ran there). One instance's steps must be ordered on one stream, "

@@ -61,7 +61,10 @@ class Op:
 
     def __call__(self, *args):
         if _plain_eager_call(args):
-            return self.impl(*args)
+            try:  # inline rather than _caller_errors: no extra frame on the eager hot path
+                return self.impl(*args)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(str(exc)) from None
         return self.overload(*args)
 
     def register_fake(self, fake: Callable) -> Callable:
@@ -72,7 +75,7 @@ class Op:
 def _caller_errors(impl: Callable) -> Callable:
     """``impl`` raising a caller's mistake (ValueError, TypeError from the C++ checks) as a plain exception of the
     same type and message: without the C++ frames tvm-ffi appends to the traceback, which name source paths of
-    the machine the library was built on."""
+    the machine the library was built on. (Op.__call__ does the same inline for plain eager calls.)"""
 
     def call(*args, **kwargs):
         try:
@@ -93,9 +96,8 @@ def register(schema: str, dispatch_key: str = "CompositeExplicitAutograd") -> Ca
 
     def wrap(impl: Callable) -> Op:
         name = schema.split("(", 1)[0]
-        impl = _caller_errors(impl)
         _LIB.define(schema)
-        _LIB.impl(name, impl, dispatch_key)
+        _LIB.impl(name, _caller_errors(impl), dispatch_key)
         return Op(name, impl)
 
     return wrap
