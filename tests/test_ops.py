@@ -169,8 +169,8 @@ def test_quantizing_dispatch_and_fp8_combine_trace_fullgraph(fmt, swizzled):
 
     hidden, top_k, runtime_max = 1040, 4, 40
     wire = wire_format(fmt)
-    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=40,
-                                dispatch_bytes_per_token=wire.dispatch_bytes_per_token(hidden, 40, swizzled) + top_k * 8,
+    dispatch_bytes = wire.dispatch_bytes_per_token(hidden, 40, swizzled) + top_k * 8
+    config = fa.WorkspaceConfig(ep_size=2, max_num_tokens=40, dispatch_bytes_per_token=dispatch_bytes,
                                 combine_bytes_per_token=hidden * 2, top_k=top_k)
 
     def layer(workspace, ids, x, gs):
