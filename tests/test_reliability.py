@@ -74,3 +74,31 @@ def test_bounded_reports_a_hang_and_an_error():
     assert bounded(lambda: 7, 1.0) == (True, 7)
     ok, reason = bounded(lambda: 1 / 0, 1.0)
     assert not ok and reason.startswith("ZeroDivisionError")
+
+
+def test_stream_binding_refuses_another_stream(monkeypatch):
+    """The binding's logic with the stream getter stubbed (the GPU test runs it on real streams)."""
+    import torch
+
+    from flashinfer_a2a import lifecycle
+
+    current = {"stream": 0x10, "capturing": False}
+    monkeypatch.setattr(lifecycle, "_stream_id", lambda device: current["stream"])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: current["capturing"])
+    binding = lifecycle.StreamBinding(torch.device("cuda", 0))
+    current["capturing"] = True
+    binding.check("dispatch")  # a captured first step binds nothing
+    assert binding.stream is None
+    current["capturing"] = False
+    binding.check("dispatch")
+    assert binding.stream == 0x10
+    current["stream"] = 0x20
+    with pytest.raises(RuntimeError, match="MoeAlltoAll.combine issued on CUDA stream 0x20, but this instance is "
+                                           "bound to stream 0x10"):
+        binding.check("combine")
+    current["capturing"] = True
+    binding.check("combine")  # captured: the graph orders it
+    current["capturing"] = False
+    binding.rebind()
+    binding.check("combine")
+    assert binding.stream == 0x20
