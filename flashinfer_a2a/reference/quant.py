@@ -33,6 +33,7 @@ __all__ = [
     "quantize_fp8_block",
     "quantize_mxfp8",
     "quantize_nvfp4",
+    "quantize_nvfp4_unchecked",
     "reference_combine_fp8",
     "swizzle_scales_128x4",
     "unswizzle_scales_128x4",
@@ -150,6 +151,12 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: float | torch.Tensor) -> tuple
     gs = torch.as_tensor(global_scale, dtype=torch.float32)
     if gs.numel() != 1 or not bool(gs > 0) or not bool(torch.isfinite(gs)):
         raise ValueError(f"global_scale must be one positive finite number, got {global_scale}")
+    return quantize_nvfp4_unchecked(x, gs)
+
+
+def quantize_nvfp4_unchecked(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_nvfp4` with ``gs`` (a 0-d fp32 tensor, on x's device or the CPU) not checked: checking reads
+    it on the host, which a CUDA-graph capture cannot do."""
     blocks, hidden = _blocks(x, NVFP4_BLOCK)
     amax = blocks.abs().amax(-1, keepdim=True)
     sf = _to_e4m3((gs * (amax / E2M1_MAX)).clamp_min(0.0))
