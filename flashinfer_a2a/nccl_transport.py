@@ -136,7 +136,9 @@ def _pack_bits(mask: torch.Tensor) -> torch.Tensor:
     num_bytes = -(-ep_size // 8)
     padded = torch.zeros(n, num_bytes * 8, dtype=torch.uint8, device=mask.device)
     padded[:, :ep_size] = mask
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=mask.device)
+    # Made on the device: a host-to-device copy of a literal would break a CUDA-graph capture.
+    weights = torch.ones(8, dtype=torch.uint8, device=mask.device) << torch.arange(8, dtype=torch.uint8,
+                                                                                   device=mask.device)
     return (padded.view(n, num_bytes, 8) * weights).sum(-1, dtype=torch.uint8)
 
 
