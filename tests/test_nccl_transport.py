@@ -71,3 +71,17 @@ def test_auto_on_cpu_is_nccl_and_needs_a_process_group():
         MoeAlltoAll(_NoGroup(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, device="cpu")
     with pytest.raises(ValueError, match="transport must be one of"):
         MoeAlltoAll(_NoGroup(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, transport="ib")
+
+
+def test_bench_transport_flag():
+    from flashinfer_a2a.bench import args as bench_args
+    from flashinfer_a2a.bench.impls import variants
+
+    assert bench_args.parse_args([]).transport == "nvlink"
+    nccl = bench_args.parse_args(["--transport", "nccl", "--quant", "fp8_block"])
+    assert nccl.transport == "nccl"
+    names = [v.name for v in variants(nccl, torch.bfloat16)]
+    assert names == ["a2a", "fp8-fused", "fp8-pre"]  # no pushed combine over NCCL
+    assert "a2a-push" in [v.name for v in variants(bench_args.parse_args(["--quant", "none"]), torch.bfloat16)]
+    with pytest.raises(SystemExit):
+        bench_args.parse_args(["--transport", "rdma"])
