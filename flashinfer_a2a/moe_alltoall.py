@@ -209,6 +209,8 @@ class MoeAlltoAll:
 
     def workspace_breakdown(self) -> str:
         """Human-readable sizes of one rank's workspace."""
+        if self._nccl is not None:
+            return "transport nccl: no symmetric workspace (buffers are kept per call shape, docs/multi_node.md)"
         index = F.get_metainfo_index_pairs()
         at = {name: int(self.metainfo[i]) for name, i in index.items()}
         mib = 1 << 20

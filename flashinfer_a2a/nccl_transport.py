@@ -9,10 +9,10 @@ Two modes:
 
 - **padded** (default, no host synchronisation, CUDA-graph capturable). Dispatch: quantize ``payloads[0]`` if asked,
   pack each token's destination bitmask and payload bytes into a ``[runtime_max, row_bytes]`` send buffer, one
-  ``all_gather_into_tensor``, then keep, per source block, the rows whose bitmask names this rank, in increasing
-  token order (a stable argsort of the mask and a gather). Combine: one ``all_to_all_single`` of the
-  ``[ep_size, runtime_max, hidden]`` combine region (optionally as FP8 with block scales), then each token's partials
-  summed in increasing rank order in fp32.
+  ``all_gather_into_tensor`` (``all_gather_single`` in torch 2.13), then keep, per source block, the rows whose
+  bitmask names this rank, in increasing token order (a stable argsort of the mask and a gather). Combine: one
+  ``all_to_all_single`` of the ``[ep_size, runtime_max, hidden]`` combine region (optionally as FP8 with block
+  scales), then each token's partials summed in increasing rank order in fp32.
 - **exact** (eager only). Dispatch: the per-destination counts go first (one small ``all_to_all_single`` and a host
   synchronisation), then a variable-size ``all_to_all_single`` moves only the routed rows; combine returns only
   those rows. For large prefill batches, where padding every rank to ``runtime_max`` moves too many bytes.
@@ -185,6 +185,9 @@ class NcclTransport:
         import torch.distributed as dist
 
         self._dist = dist
+        # torch 2.13 renames all_gather_into_tensor (deprecated there, with a warning per call); older torch lacks
+        # the new name.
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self.group = dist.group.WORLD if group is None else group
         self.ep_rank = dist.get_rank(self.group)
         self.ep_size = dist.get_world_size(self.group)
@@ -313,7 +316,7 @@ class NcclTransport:
         for seg, off, width in zip(segments, offsets, widths):
             send[:n, off : off + width] = seg
         gathered = self._buffer("gathered", (ep_size * runtime_max, total), torch.uint8)
-        self._dist.all_gather_into_tensor(gathered, send, group=self.group)
+        self._all_gather(gathered, send, group=self.group)
         byte, bit = divmod(self.ep_rank, 8)
         mine = ((gathered[:, byte] >> bit) & 1).view(ep_size, runtime_max)
         torch.sum(mine, dim=1, dtype=torch.int32, out=self._recv_counts)
