@@ -85,3 +85,17 @@ def test_bench_transport_flag():
     assert "a2a-push" in [v.name for v in variants(bench_args.parse_args(["--quant", "none"]), torch.bfloat16)]
     with pytest.raises(SystemExit):
         bench_args.parse_args(["--transport", "rdma"])
+
+
+def test_fp8_block_scale_is_a_true_division():
+    """The reference divides by 448 (what the kernels do), not multiplies by its reciprocal (what torch does on CUDA
+    for a host scalar divisor, and which differs for about half of all inputs)."""
+    import numpy as np
+
+    from flashinfer_a2a.reference import quant
+
+    x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(0)) * 3
+    _, scales = quant.quantize_fp8_block(x)
+    amax = x.abs().view(64, 8, 128).amax(-1).numpy()
+    assert np.array_equal(scales.numpy(), amax / np.float32(448.0))
+    assert not np.array_equal(scales.numpy(), amax * (np.float32(1.0) / np.float32(448.0)))

@@ -112,3 +112,15 @@ def test_equals_nvlink_transport(nccl_world, fmt):
     assert torch.equal(c1, c2)
     assert all(torch.equal(a, b) for a, b in zip(rows1, rows2))
     assert torch.equal(out1.view(torch.uint8), out2.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "nvfp4"])
+def test_reference_quantizers_run_alike_on_the_gpu(fmt):
+    """The transport quantizes on the device with the reference quantizers: they must give the CPU's bits (a host
+    scalar divisor would not: CUDA multiplies by its reciprocal)."""
+    x = (torch.randn(333, HIDDEN, generator=torch.Generator().manual_seed(5)) * 20).bfloat16()
+    gs = 17.0 if fmt == "nvfp4" else None
+    on_cpu = quant.quantize(x, fmt, gs)
+    on_gpu = quant.quantize(x.cuda(), fmt, None if gs is None else torch.tensor(gs, device="cuda"))
+    for a, b in zip(on_cpu, on_gpu):
+        assert torch.equal(a.view(torch.uint8), b.cpu().view(torch.uint8))
