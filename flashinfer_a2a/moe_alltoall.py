@@ -11,6 +11,7 @@ from . import functional as F
 from .agreement import check_agreement, construction_record
 from .comm import as_communicator
 from .lifecycle import StreamBinding, barrier_within, release_workspace
+from .nccl_transport import NcclTransport, check_transport, process_group_of, resolve_transport
 from .symm_mem import SymmetricWorkspace
 from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
@@ -47,7 +48,13 @@ class MoeAlltoAll:
             loads), instead of every owner pulling the partials after all ranks published them. On 2xH200 that is
             faster at 8192 tokens per rank and about 6 us slower per call at 1024 and below (docs/benchmarks.md).
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive.
-        device: this rank's GPU (default: the current device).
+        device: this rank's GPU (default: the current device); ``"cpu"`` with ``transport="nccl"`` over gloo.
+        transport: ``"nvlink"`` (one-sided, symmetric memory), ``"nccl"`` (the collectives of ``group``, a
+            ``torch.distributed`` process group: across nodes, or on CPU over gloo; see
+            :mod:`flashinfer_a2a.nccl_transport` and docs/multi_node.md) or ``"auto"``: nvlink when every rank can map
+            every peer's memory, decided collectively, else nccl. The same calls, layouts and results either way.
+        exact: nccl only: exchange the counts first (a host synchronisation, eager only), then move only the routed
+            rows instead of every rank's ``runtime_max`` rows.
     """
 
     def __init__(
@@ -66,7 +73,9 @@ class MoeAlltoAll:
         push_combine: bool = False,
         dispatch_bytes_per_token: Optional[int] = None,
         combine_bytes_per_token: Optional[int] = None,
-        device: Optional[int] = None,
+        device: Optional[int | str] = None,
+        transport: str = "auto",
+        exact: bool = False,
     ) -> None:
         self.comm = as_communicator(group)
         # Before anything is checked or allocated: every rank raises alike on a difference (and on a bad argument).
@@ -75,7 +84,8 @@ class MoeAlltoAll:
             hidden_size=hidden_size, dtype=dtype, extra_dispatch_bytes_per_token=extra_dispatch_bytes_per_token,
             dispatch_format=dispatch_format, swizzled_scales=swizzled_scales, combine_format=combine_format,
             push_combine=push_combine, dispatch_bytes_per_token=dispatch_bytes_per_token,
-            combine_bytes_per_token=combine_bytes_per_token))
+            combine_bytes_per_token=combine_bytes_per_token, transport=transport, exact=exact))
+        check_transport(transport, exact)
         if hidden_size is None and (dispatch_bytes_per_token is None or combine_bytes_per_token is None):
             raise ValueError("MoeAlltoAll needs hidden_size, or both dispatch_bytes_per_token and "
                              "combine_bytes_per_token")
@@ -105,6 +115,12 @@ class MoeAlltoAll:
         self.config = F.WorkspaceConfig(ep_size=self.comm.size, max_num_tokens=max_num_tokens,
                                         dispatch_bytes_per_token=dispatch_bytes_per_token,
                                         combine_bytes_per_token=combine_bytes_per_token, top_k=top_k)
+        self.transport, self._nccl = resolve_transport(self.comm, transport, device), None
+        if self.transport == "nccl":  # no workspace: every call goes to the transport object
+            self._nccl = NcclTransport(process_group_of(self.comm), num_experts=num_experts,
+                                       max_num_tokens=max_num_tokens, device=device, exact=exact, debug=self._debug)
+            self.device, self.workspace, self._symm = self._nccl.device, None, None
+            return
         self._symm = SymmetricWorkspace(self.comm, self.config.bytes_per_rank, device, self._timeout_s)
         self.workspace = self._symm.tensor
         self.device = self.workspace.device
@@ -146,6 +162,10 @@ class MoeAlltoAll:
         ``quant_format`` / ``global_scale`` / ``swizzled_scales``: quantize ``payloads[0]`` while sending it (see
         :func:`flashinfer_a2a.functional.dispatch`); it then arrives as two views, values and scales.
         """
+        if self._nccl is not None:
+            return self._nccl.dispatch(topk_ids, payloads, self.config.max_num_tokens if runtime_max_tokens_per_rank
+                                       is None else runtime_max_tokens_per_rank, quant_format=quant_format,
+                                       global_scale=global_scale, swizzled_scales=swizzled_scales)
         self._check_alive()
         self._stream.check("dispatch")
         if self._pending is not None:
@@ -187,6 +207,8 @@ class MoeAlltoAll:
     def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The zero-copy combine input ``[ep_size, runtime_max, hidden]`` of the pending dispatch: write the expert
         outputs here and call :meth:`combine` with no partials."""
+        if self._nccl is not None:
+            return self._nccl.combine_input(*self._combine_row(hidden, dtype))
         _, runtime_max, _ = self._require_pending("combine_input")
         hidden, dtype = self._combine_row(hidden, dtype)
         return F.combine_input(self.workspace, self.ep_rank, self.config, runtime_max, hidden, dtype)
@@ -196,6 +218,8 @@ class MoeAlltoAll:
         """Sums each local token's partials over the ranks it went to, in increasing rank order in fp32 (see
         :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written.
         ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
+        if self._nccl is not None:
+            return self._nccl.combine(partials, *self._combine_row(None, None), out=out, quant_format=quant_format)
         num_tokens, runtime_max, counts = self._require_pending("combine")
         self._stream.check("combine")
         hidden, dtype = self._combine_row(None, None)
@@ -208,6 +232,8 @@ class MoeAlltoAll:
 
     def workspace_breakdown(self) -> str:
         """Human-readable sizes of one rank's workspace."""
+        if self._nccl is not None:
+            return "transport nccl: no symmetric workspace (buffers are kept per call shape, docs/multi_node.md)"
         index = F.get_metainfo_index_pairs()
         at = {name: int(self.metainfo[i]) for name, i in index.items()}
         mib = 1 << 20
@@ -233,6 +259,8 @@ class MoeAlltoAll:
         """Frees this rank's workspace mappings, after a barrier bounded by ``FLASHINFER_A2A_TIMEOUT_S``; if a peer
         is gone, alone, with a warning. Receive views kept past this keep the memory mapped until they die (they
         read stale rows, never fault); dispatch/combine on this instance raise. Idempotent."""
+        if self._nccl is not None:
+            return self._nccl.destroy()
         if self._symm is None:
             return
         symm, self._symm = self._symm, None

@@ -30,6 +30,7 @@ ROUTINGS = ("uniform", "skewed")
 MODES = ("graph", "eager")
 IMPLS = ("a2a", "nccl_a2a", "nccl_ag_rs")
 QUANT_FORMATS = ("fp8_block", "mxfp8", "nvfp4")
+TRANSPORTS = ("nvlink", "nccl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,7 @@ class BenchArgs:
     output_dir: str
     seed: int
     quiet: bool
+    transport: str = "nvlink"
 
 
 def _positive_int(text: str) -> int:
@@ -121,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-dir", default="bench_results", help="where the JSON and PNG go (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the routing and the payloads (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="nvlink",
+                        help="MoeAlltoAll's transport for our rows: nvlink (one-sided) or nccl (the NCCL process "
+                        "group's collectives; one process per GPU); default %(default)s")
     return parser
 
 
@@ -155,4 +160,5 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         output_dir=ns.output_dir,
         seed=ns.seed,
         quiet=ns.quiet,
+        transport=ns.transport,
     )

@@ -76,7 +76,8 @@ def variants(args: BenchArgs, dtype: torch.dtype, simulated: bool = False) -> li
     """Plain (and, with a GPU per rank, plain with the combine pushed), then fused and pre for each ``--quant``
     format (quantization takes bf16|fp16 hidden states)."""
     quantizable = dtype in (torch.bfloat16, torch.float16)
-    return ([Variant()] + ([] if simulated else [Variant("push")]) +
+    push = not simulated and args.transport == "nvlink"  # the nccl transport has no pushed combine
+    return ([Variant()] + ([Variant("push")] if push else []) +
             [Variant(kind, fmt) for fmt in (args.quant_formats if quantizable else ()) for kind in ("fused", "pre")])
 
 
@@ -132,6 +133,9 @@ class A2A:
     def __init__(self, args: BenchArgs, session: Session, dtype: torch.dtype, variant: Variant = Variant()) -> None:
         self.session, self.num_experts, self.variant = session, args.shape.num_experts, variant
         max_tokens = max(args.tokens)
+        if session.simulated and args.transport == "nccl":
+            raise ValueError("--transport nccl needs one process per GPU (launch with torchrun or mpirun): "
+                             "simulated ranks share one GPU, which NCCL refuses")
         if session.simulated:
             config = F.WorkspaceConfig(ep_size=session.ep_size, max_num_tokens=max_tokens,
                                        dispatch_bytes_per_token=dispatch_row_bytes(args, dtype, variant),
@@ -140,7 +144,9 @@ class A2A:
             self.sim = SimulatedRanks(config, session.device)
             self.moe = None
         else:
-            self.moe = MoeAlltoAll(session.group, max_num_tokens=max_tokens, top_k=args.shape.top_k,
+            nccl = args.transport == "nccl"  # the NCCL group: the bootstrap group may be gloo or MPI
+            self.moe = MoeAlltoAll(session.nccl_group if nccl else session.group, transport=args.transport,
+                                   max_num_tokens=max_tokens, top_k=args.shape.top_k,
                                    num_experts=args.shape.num_experts, hidden_size=args.shape.hidden, dtype=dtype,
                                    extra_dispatch_bytes_per_token=routing_payload_bytes(args),
                                    dispatch_format=variant.fmt,
@@ -167,7 +173,7 @@ class A2A:
 
     def check(self, case: Case) -> None:
         """Raises A2AError if any rank of this process recorded a protocol error (a timeout would fake a time)."""
-        for rank in case.payloads:
+        for rank in case.payloads if self.workspace is not None else ():  # the nccl transport has none
             check_error(self.workspace, rank)
 
     @property

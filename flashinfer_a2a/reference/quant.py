@@ -33,6 +33,7 @@ __all__ = [
     "quantize_fp8_block",
     "quantize_mxfp8",
     "quantize_nvfp4",
+    "quantize_nvfp4_unchecked",
     "reference_combine_fp8",
     "swizzle_scales_128x4",
     "unswizzle_scales_128x4",
@@ -61,6 +62,13 @@ def _blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
     return padded.view(*x.shape[:-1], num_blocks, block), hidden
 
 
+def _div(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``x / divisor``, one IEEE-rounded division on every device. Not ``x / divisor`` itself: on a CUDA tensor torch
+    computes ``x * (1 / divisor)`` for a host scalar divisor, which differs in the last bit for about half the
+    inputs when the divisor is 448 or 6 (the kernels, and this module on the CPU, divide)."""
+    return x / torch.full_like(x, divisor)
+
+
 def _unblock(blocks: torch.Tensor, hidden: int) -> torch.Tensor:
     return blocks.flatten(-2)[..., :hidden]
 
@@ -80,7 +88,7 @@ def quantize_fp8_block(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     blocks, hidden = _blocks(x, FP8_BLOCK)
     amax = blocks.abs().amax(-1, keepdim=True)
-    scale = amax.clamp_min(FP8_AMAX_FLOOR) / E4M3_MAX
+    scale = _div(amax.clamp_min(FP8_AMAX_FLOOR), E4M3_MAX)
     q = _to_e4m3(blocks / scale)
     return _unblock(q, hidden), scale.squeeze(-1)
 
@@ -150,9 +158,15 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: float | torch.Tensor) -> tuple
     gs = torch.as_tensor(global_scale, dtype=torch.float32)
     if gs.numel() != 1 or not bool(gs > 0) or not bool(torch.isfinite(gs)):
         raise ValueError(f"global_scale must be one positive finite number, got {global_scale}")
+    return quantize_nvfp4_unchecked(x, gs)
+
+
+def quantize_nvfp4_unchecked(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_nvfp4` with ``gs`` (a 0-d fp32 tensor, on x's device or the CPU) not checked: checking reads
+    it on the host, which a CUDA-graph capture cannot do."""
     blocks, hidden = _blocks(x, NVFP4_BLOCK)
     amax = blocks.abs().amax(-1, keepdim=True)
-    sf = _to_e4m3((gs * (amax / E2M1_MAX)).clamp_min(0.0))
+    sf = _to_e4m3((gs * _div(amax, E2M1_MAX)).clamp_min(0.0))
     sf32 = sf.float()
     inv = torch.where(sf32 == 0, torch.zeros_like(sf32), gs / sf32)
     codes = _e2m1_codes(_unblock(blocks * inv, hidden))
@@ -166,10 +180,10 @@ def dequantize_nvfp4(packed: torch.Tensor, scales: torch.Tensor, global_scale: f
                      hidden: int) -> torch.Tensor:
     """fp32 values of :func:`quantize_nvfp4`'s output (``hidden`` elements per row)."""
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)[..., :hidden]
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
     values = table[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
     blocks, _ = _blocks(values, NVFP4_BLOCK)
-    gs = torch.as_tensor(global_scale, dtype=torch.float32)
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)  # a divisor on the device: see _div
     return _unblock(blocks * (scales.float().unsqueeze(-1) / gs), hidden)
 
 

@@ -1,0 +1,101 @@
+"""The nccl transport on CPU: its local steps against the reference, and MoeAlltoAll(transport="nccl") on 2 and 4
+spawned gloo ranks, bitwise against flashinfer_a2a.reference (quantized formats against the reference quantizers)."""
+
+import pytest
+import torch
+
+from flashinfer_a2a import MoeAlltoAll
+from flashinfer_a2a.nccl_transport import _pack_bits, check_transport, process_group_of, rank_mask, resolve_transport
+from flashinfer_a2a.reference import random_topk_ids, token_rank_mask
+
+from .nccl_workers import spawn_gloo
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_padded_on_gloo(tmp_path, world_size):
+    spawn_gloo(["padded", "errors"], world_size, tmp_path)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_exact_on_gloo(tmp_path, world_size):
+    spawn_gloo(["exact"], world_size, tmp_path)
+
+
+@pytest.mark.parametrize("num_experts, ep_size", [(256, 8), (10, 4), (3, 5), (72, 72), (7, 1)])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_rank_mask_matches_reference(num_experts, ep_size, id_dtype):
+    gen = torch.Generator().manual_seed(num_experts * 100 + ep_size)
+    ids = random_topk_ids(300, min(8, num_experts), num_experts, dtype=id_dtype, generator=gen, minus_one_frac=0.3)
+    assert torch.equal(rank_mask(ids, num_experts, ep_size), token_rank_mask(ids, num_experts, ep_size))
+
+
+def test_rank_mask_skips_out_of_range_ids():
+    ids = torch.tensor([[0, 9], [-2, 5], [10, -1]])
+    want = torch.tensor([[True, True], [False, True], [False, False]])  # 9 is valid (rank 1); -2 and 10 are not
+    assert torch.equal(rank_mask(ids, 10, 2), want)
+
+
+@pytest.mark.parametrize("ep_size", [1, 7, 8, 9, 72])
+def test_pack_bits(ep_size):
+    mask = torch.rand(50, ep_size, generator=torch.Generator().manual_seed(ep_size)) < 0.5
+    packed = _pack_bits(mask)
+    assert packed.shape == (50, -(-ep_size // 8)) and packed.dtype == torch.uint8
+    for r in range(ep_size):
+        assert torch.equal(((packed[:, r // 8] >> (r % 8)) & 1).bool(), mask[:, r])
+    assert _pack_bits(mask[:0]).shape == (0, -(-ep_size // 8))
+
+
+def test_transport_argument():
+    check_transport("nccl", exact=True)
+    with pytest.raises(ValueError, match="transport must be one of auto, nvlink, nccl, got 'rdma'"):
+        check_transport("rdma")
+    with pytest.raises(ValueError, match="exact=True needs transport='nccl', got transport='auto'"):
+        check_transport("auto", exact=True)
+
+
+class _NoGroup:
+    rank, size = 0, 1
+
+    def allgather(self, data):
+        raise AssertionError("a CPU device decides alone")
+
+    broadcast = barrier = allgather
+
+
+def test_auto_on_cpu_is_nccl_and_needs_a_process_group():
+    assert resolve_transport(_NoGroup(), "auto", "cpu") == "nccl"
+    assert resolve_transport(_NoGroup(), "nvlink", "cpu") == "nvlink"
+    with pytest.raises(TypeError, match="torch.distributed process group"):
+        process_group_of(_NoGroup())
+    with pytest.raises(TypeError, match="torch.distributed process group"):
+        MoeAlltoAll(_NoGroup(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, device="cpu")
+    with pytest.raises(ValueError, match="transport must be one of"):
+        MoeAlltoAll(_NoGroup(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, transport="ib")
+
+
+def test_bench_transport_flag():
+    from flashinfer_a2a.bench import args as bench_args
+    from flashinfer_a2a.bench.impls import variants
+
+    assert bench_args.parse_args([]).transport == "nvlink"
+    nccl = bench_args.parse_args(["--transport", "nccl", "--quant", "fp8_block"])
+    assert nccl.transport == "nccl"
+    names = [v.name for v in variants(nccl, torch.bfloat16)]
+    assert names == ["a2a", "fp8-fused", "fp8-pre"]  # no pushed combine over NCCL
+    assert "a2a-push" in [v.name for v in variants(bench_args.parse_args(["--quant", "none"]), torch.bfloat16)]
+    with pytest.raises(SystemExit):
+        bench_args.parse_args(["--transport", "rdma"])
+
+
+def test_fp8_block_scale_is_a_true_division():
+    """The reference divides by 448 (what the kernels do), not multiplies by its reciprocal (what torch does on CUDA
+    for a host scalar divisor, and which differs for about half of all inputs)."""
+    import numpy as np
+
+    from flashinfer_a2a.reference import quant
+
+    x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(0)) * 3
+    _, scales = quant.quantize_fp8_block(x)
+    amax = x.abs().view(64, 8, 128).amax(-1).numpy()
+    assert np.array_equal(scales.numpy(), amax / np.float32(448.0))
+    assert not np.array_equal(scales.numpy(), amax * (np.float32(1.0) / np.float32(448.0)))
