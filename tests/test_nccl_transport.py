@@ -54,17 +54,30 @@ def test_transport_argument():
 
 
 class _NoGroup:
+    """A one-rank communicator that is no process group; it counts its collectives."""
+
     rank, size = 0, 1
 
-    def allgather(self, data):
-        raise AssertionError("a CPU device decides alone")
+    def __init__(self):
+        self.calls = 0
 
-    broadcast = barrier = allgather
+    def allgather(self, data):
+        self.calls += 1
+        return [bytes(data)]
+
+    def broadcast(self, data, root=0):
+        self.calls += 1
+        return bytes(data)
+
+    def barrier(self):
+        self.calls += 1
 
 
 def test_auto_on_cpu_is_nccl_and_needs_a_process_group():
-    assert resolve_transport(_NoGroup(), "auto", "cpu") == "nccl"
-    assert resolve_transport(_NoGroup(), "nvlink", "cpu") == "nvlink"
+    group = _NoGroup()
+    assert resolve_transport(group, "auto", "cpu") == "nccl"
+    assert resolve_transport(group, "nvlink", "cpu") == "nvlink"
+    assert group.calls == 0  # a CPU device decides alone, without a collective
     with pytest.raises(TypeError, match="torch.distributed process group"):
         process_group_of(_NoGroup())
     with pytest.raises(TypeError, match="torch.distributed process group"):
