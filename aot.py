@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         spec.ninja_target(build_dir / spec.name, out_dir / spec.name / f"{spec.name}.so", archs)
         for spec in all_specs()
     ]
+    print(f"building {', '.join(t.name for t in targets)} for {' '.join(archs)} into {out_dir}", flush=True)
     start = time.monotonic()
     with ninja_build.file_lock(build_dir / ".lock"):
         ninja_build.write_if_changed(build_dir / "build.ninja", ninja_build.render(targets))

@@ -27,16 +27,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def a2a_build(tmp_path_factory) -> SharedBuild:
-    """The real flashinfer_a2a_ops, JIT-built for sm_90a and sm_100a in a cache that outlives the session.
+def checkout_cache() -> Path:
+    """``~/.cache/flashinfer_a2a_tests/<hash of the checkout's path>``: builds that outlive the session.
 
-    The cache is one per checkout (keyed by its path), so a second ``pytest`` on an unchanged tree rebuilds nothing
-    (ninja compares sources, headers and flags) and two checkouts never rebuild each other's objects.
+    One per checkout, so a second ``pytest`` on an unchanged tree rebuilds nothing (ninja compares sources, headers
+    and flags) and two checkouts never rebuild each other's objects.
     """
-    checkout = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "flashinfer_a2a_tests" / hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def a2a_build(tmp_path_factory, checkout_cache) -> SharedBuild:
+    """The real flashinfer_a2a_ops, JIT-built for sm_90a and sm_100a in :func:`checkout_cache`."""
     env = {
         "FLASHINFER_A2A_CUDA_ARCH_LIST": "9.0a 10.0a",
-        "FLASHINFER_A2A_CACHE_DIR": str(Path.home() / ".cache" / "flashinfer_a2a_tests" / checkout),
+        "FLASHINFER_A2A_CACHE_DIR": str(checkout_cache),
         # Empty on purpose: a library left in the package's _aot/ by `python aot.py` must not stand in for JIT.
         "FLASHINFER_A2A_AOT_DIR": str(tmp_path_factory.mktemp("no_aot")),
     }

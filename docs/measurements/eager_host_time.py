@@ -5,9 +5,8 @@ weights), median over 3000 calls after 200 untimed pairs.
 
 Prints, at 1 and 128 tokens: MoeAlltoAll.dispatch and .combine per call and a back-to-back eager pair, then the
 layers under dispatch (functional.launch_dispatch, the op, its implementation, the tvm-ffi call) and, for scale, a
-trivial tvm-ffi call and a trivial torch op. One H200, 2026-11-24, three rounds each interleaved with commit
-80e5259: dispatch 10.2-10.9 us (15.0-15.6 before), combine 9.0-9.4 us (11.6-12.6), the pair 20.4-21.6 us
-(28.1-30.6); the tvm-ffi call into C++ is 4.6-4.9 us of a dispatch (docs/benchmarks.md).
+trivial tvm-ffi call and a trivial torch op. One H200, 2026-11-24, three rounds: dispatch 10.2-10.9 us, combine
+9.0-9.4 us, the pair 20.4-21.6 us; the tvm-ffi call into C++ is 4.6-4.9 us of a dispatch (docs/benchmarks.md).
 """
 
 import statistics

@@ -106,6 +106,16 @@ def file_lock(path: Path) -> Iterator[None]:
 _NO_WORK = "ninja: no work to do."
 
 
+def has_work(build_dir: Path) -> bool:
+    """Whether :func:`run` would compile or link anything: a dry run (``ninja -n``), which writes no log or output."""
+    cmd = [toolchain.ninja(), "-C", str(build_dir), "-n"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        # A broken build.ninja: let the real run report it with its full output.
+        return True
+    return _NO_WORK not in proc.stdout
+
+
 def run(build_dir: Path, jobs: int, verbose: bool) -> bool:
     """Run ninja in ``build_dir``; True if it had work. Verbose prints every command line and its output."""
     cmd = [toolchain.ninja(), "-C", str(build_dir), "-j", str(jobs)]

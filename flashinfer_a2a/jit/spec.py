@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +13,11 @@ import tvm_ffi
 from .. import config
 from . import ninja_build, toolchain
 
-logger = logging.getLogger("flashinfer_a2a")
-
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -84,10 +86,16 @@ class JitSpec:
         build_dir = self.build_dir
         with ninja_build.file_lock(build_dir / ".lock"):
             self.write_ninja()
+            # Asked under the lock, so a process that waited while another compiled says nothing.
+            if not ninja_build.has_work(build_dir):
+                return False
+            archs = " ".join(config.cuda_arch_list())
+            # stderr, not logging: with no handler configured (the usual case) an INFO record is dropped, and a
+            # first call that stalls for a minute with no word is what this line is for.
+            _say(f"flashinfer_a2a: compiling {self.name} for {archs} in {build_dir} (once; later runs reuse it)")
             start = time.monotonic()
             ran = ninja_build.run(build_dir, config.max_jobs(), config.jit_verbose())
-        if ran:
-            logger.info("built %s in %.1f s", self.name, time.monotonic() - start)
+            _say(f"flashinfer_a2a: built {self.name} in {time.monotonic() - start:.1f} s")
         return ran
 
     def load(self) -> tvm_ffi.Module:

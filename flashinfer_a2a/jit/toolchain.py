@@ -12,6 +12,17 @@ from .. import config
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
+#: What a user without the JIT's build tools is told to run: the ``jit`` extra carries ninja and nvidia-cutlass, which
+#: a wheel with prebuilt libraries does not need (about 250 MB with what they pull in).
+JIT_EXTRA_INSTALL = "pip install 'flashinfer_a2a[jit]'"
+
+
+def _missing_jit_tool(what: str) -> RuntimeError:
+    return RuntimeError(
+        f"compiling flashinfer_a2a's CUDA library needs {what}, which is not installed: {JIT_EXTRA_INSTALL} "
+        "(or use prebuilt libraries: a wheel built after `python aot.py`, or FLASHINFER_A2A_AOT_DIR)"
+    )
+
 
 def source_root() -> Path:
     """The directory holding ``csrc/`` and ``include/``.
@@ -37,7 +48,7 @@ def cutlass_include_dir() -> Path:
     # Found without importing cutlass_library: importing it pulls in its Python generator, which we do not use.
     spec = importlib.util.find_spec("cutlass_library")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the CUTLASS headers come from the nvidia-cutlass package: pip install nvidia-cutlass")
+        raise _missing_jit_tool("the CUTLASS headers (package nvidia-cutlass)")
     return Path(next(iter(spec.submodule_search_locations))) / "source" / "include"
 
 
@@ -71,8 +82,10 @@ def ninja() -> str:
     found = shutil.which("ninja")
     if found:
         return found
-    import ninja as ninja_package
-
+    try:
+        import ninja as ninja_package
+    except ImportError:
+        raise _missing_jit_tool("ninja (package ninja)") from None
     return str(Path(ninja_package.BIN_DIR) / "ninja")
 
 
@@ -111,9 +124,11 @@ def ldflags(extra_ldflags: list[str]) -> list[str]:
         "-ldl",
         "-lrt",
         "-lpthread",
-        f"-Wl,-rpath,{tvm_lib}",
-        # An AOT library installed from a wheel sits at site-packages/flashinfer_a2a/_aot/<name>/<name>.so;
-        # this finds site-packages/tvm_ffi/lib from there wherever the environment lives.
+        # No absolute run path: a wheel must not carry the build machine's paths. None is needed in-process either:
+        # the libraries are only loaded by tvm_ffi.load_module, after `import tvm_ffi` loaded libtvm_ffi.so, and
+        # the dynamic loader matches our DT_NEEDED entry to that already loaded SONAME. The relative entry lets
+        # `ldd` of a library installed from a wheel (site-packages/flashinfer_a2a/_aot/<name>/<name>.so) find
+        # site-packages/tvm_ffi/lib wherever the environment lives.
         "-Wl,-rpath,$ORIGIN/../../../tvm_ffi/lib",
         *extra_ldflags,
     ]

@@ -1,8 +1,7 @@
-"""JitSpec build logic on a one-function probe module: logging, header dependencies, the lock, the errors."""
+"""JitSpec build logic on a one-function probe module: progress lines, what rebuilds, the lock, the errors."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import subprocess
@@ -12,7 +11,7 @@ import textwrap
 import pytest
 
 from flashinfer_a2a._version import __version__
-from flashinfer_a2a.jit import JitSpec
+from flashinfer_a2a.jit import JitSpec, toolchain
 from .jit_testing import REPO, ninja_log_count
 
 
@@ -38,15 +37,42 @@ def test_build_ninja_is_written_only_when_it_changes(probe):
     assert "-DPROBE_FLAG=1" in (flagged.build_dir / "build.ninja").read_text()
 
 
-def test_cold_build_logs_one_line_and_loads(probe, caplog):
+def test_cold_build_says_when_it_starts_and_ends_and_a_cached_load_says_nothing(probe, capsys):
     spec = probe.spec()
-    with caplog.at_level(logging.INFO, logger="flashinfer_a2a"):
-        module = spec.load()
-        assert spec.build() is False
-    records = [r.getMessage() for r in caplog.records if r.name == "flashinfer_a2a"]
-    assert len(records) == 1, records
-    assert re.fullmatch(r"built probe in \d+\.\d s", records[0])
+    module = spec.load()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0] == f"flashinfer_a2a: compiling probe for 9.0a in {spec.build_dir} (once; later runs reuse it)"
+    assert re.fullmatch(r"flashinfer_a2a: built probe in \d+\.\d s", lines[1]), lines[1]
     assert module.probe_add(2, 3) == 5
+    # From the cache, in this process and in a fresh one: not a word.
+    assert spec.build() is False
+    code = textwrap.dedent(
+        f"""
+        from flashinfer_a2a.jit import JitSpec, toolchain
+        spec = JitSpec("probe", ({str(probe.source)!r},), extra_include_dirs=({str(probe.include_dir)!r},))
+        print(spec.load().probe_add(40, 2))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stdout, proc.stderr) == ("42\n", "")
+    assert capsys.readouterr().err == ""
+    assert ninja_log_count(spec.build_dir, spec.build_dir / "probe.o") == 1
+
+
+def test_a_changed_flag_recompiles(probe):
+    # The arch list is part of the cache path (test_paths); a flag is part of ninja's command line, whose hash
+    # .ninja_log keeps: a different flag never reuses an object compiled without it.
+    obj = probe.spec().build_dir / "probe.o"
+    assert probe.spec().build() is True
+    flagged = JitSpec("probe", (probe.source,), (probe.include_dir,), extra_cuda_cflags=("-DPROBE_FLAG=1",))
+    assert flagged.build() is True
+    assert ninja_log_count(flagged.build_dir, obj) == 2
+    assert flagged.build() is False
+    assert probe.spec().build() is True
+    assert ninja_log_count(flagged.build_dir, obj) == 3
 
 
 def test_editing_a_header_rebuilds(probe, monkeypatch, capsys):
@@ -70,7 +96,7 @@ def test_editing_a_header_rebuilds(probe, monkeypatch, capsys):
 def test_concurrent_builds_compile_once_and_both_load(probe):
     code = textwrap.dedent(
         f"""
-        from flashinfer_a2a.jit import JitSpec
+        from flashinfer_a2a.jit import JitSpec, toolchain
         spec = JitSpec("probe", ({str(probe.source)!r},), extra_include_dirs=({str(probe.include_dir)!r},))
         print(spec.load().probe_add(40, 2))
         """
@@ -104,3 +130,25 @@ def test_disable_jit_without_aot_library_is_a_clear_error(probe, monkeypatch):
     assert str(spec.aot_library_path) in str(err.value)
     assert "aot.py" in str(err.value)
     assert not spec.build_dir.exists(), "nothing was compiled"
+
+
+def test_missing_ninja_names_the_jit_extra(probe, monkeypatch):
+    # Simulates an install without the `jit` extra: no ninja on PATH and no ninja package.
+    which = toolchain.shutil.which
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None if name == "ninja" else which(name))
+    monkeypatch.setitem(sys.modules, "ninja", None)
+    spec = probe.spec()
+    with pytest.raises(RuntimeError, match=re.escape("pip install 'flashinfer_a2a[jit]'")) as err:
+        spec.load()
+    assert "ninja" in str(err.value)
+    assert not spec.jit_library_path.exists()
+
+
+def test_missing_cutlass_names_the_jit_extra(probe, monkeypatch):
+    # find_spec answers None for a name that sys.modules maps to None: as if nvidia-cutlass were not installed.
+    monkeypatch.setitem(sys.modules, "cutlass_library", None)
+    spec = probe.spec()
+    with pytest.raises(RuntimeError, match=re.escape("pip install 'flashinfer_a2a[jit]'")) as err:
+        spec.load()
+    assert "nvidia-cutlass" in str(err.value)
+    assert not list(spec.build_dir.glob("*.o")) and not spec.jit_library_path.exists(), "nothing was compiled"
