@@ -8,8 +8,8 @@ import torch
 
 from . import config as _config
 from . import functional as F
+from . import shared_workspace
 from .comm import as_communicator
-from .symm_mem import SymmetricWorkspace
 from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
 
@@ -46,6 +46,9 @@ class MoeAlltoAll:
             faster at 8192 tokens per rank and about 6 us slower per call at 1024 and below (docs/benchmarks.md).
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive.
         device: this rank's GPU (default: the current device).
+        namespace: every MoeAlltoAll of one group and namespace shares one workspace, grown to the largest of their
+            sizes (:mod:`flashinfer_a2a.shared_workspace`); give a draft model, or graphs live alongside others,
+            a namespace of its own. One dispatch may be pending per shared workspace.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class MoeAlltoAll:
         dispatch_bytes_per_token: Optional[int] = None,
         combine_bytes_per_token: Optional[int] = None,
         device: Optional[int] = None,
+        namespace: str = "default",
     ) -> None:
         self.comm = as_communicator(group)
         if hidden_size is None and (dispatch_bytes_per_token is None or combine_bytes_per_token is None):
@@ -91,18 +95,22 @@ class MoeAlltoAll:
             else:
                 combine_bytes_per_token = hidden_size * dtype.itemsize
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
-        self.config = F.WorkspaceConfig(self.comm.size, max_num_tokens, dispatch_bytes_per_token,
-                                        combine_bytes_per_token, top_k=top_k)
-        self._symm = SymmetricWorkspace(self.comm, self.config.bytes_per_rank, device)
-        self.workspace = self._symm.tensor
+        #: what this layer needs; ``config`` is the shared workspace's (at least this in every size)
+        self.requested = F.WorkspaceConfig(self.comm.size, max_num_tokens, dispatch_bytes_per_token,
+                                           combine_bytes_per_token, top_k=top_k)
+        self._shared: Optional[shared_workspace.SharedWorkspace] = None
+        self._shared = shared_workspace.acquire(self.comm, group, namespace, self.requested, device)
         self.device = self.workspace.device
-        self.metainfo = F.initialize(self.workspace, self.ep_rank, self.config)
-        torch.cuda.synchronize(self.device)
-        self.comm.barrier()
-        self._pending: Optional[tuple[int, int, torch.Tensor]] = None  # (num_tokens, runtime_max, recv_counts)
-        self._views: dict[tuple, list[torch.Tensor]] = {}  # receive views by (runtime_max, payload row shapes)
         self._recv_counts = torch.empty(self.ep_size, dtype=torch.int32, device=self.device)
         self._calls = 0
+
+    # The workspace, its layout and the pending dispatch belong to the shared workspace (read at each call: a later
+    # layer may have grown it).
+    config = property(lambda self: self._shared.config)
+    workspace = property(lambda self: None if self._shared is None else self._shared.tensor)
+    metainfo = property(lambda self: self._shared.metainfo)
+    _symm = property(lambda self: None if self._shared is None else self._shared.allocation)
+    _views = property(lambda self: self._shared.views)
 
     @property
     def ep_rank(self) -> int:
@@ -126,7 +134,7 @@ class MoeAlltoAll:
         :func:`flashinfer_a2a.functional.dispatch`); it then arrives as two views, values and scales.
         """
         self._check_alive()
-        if self._pending is not None:
+        if self._shared.pending is not None:
             raise RuntimeError("MoeAlltoAll.dispatch called twice: call combine for the previous dispatch first")
         runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
         if not 0 <= runtime_max <= self.config.max_num_tokens:
@@ -146,7 +154,7 @@ class MoeAlltoAll:
                                        quant_format=quant_format, global_scale=global_scale,
                                        swizzled_scales=swizzled_scales, debug=self._debug)
             recv = self._recv_views(runtime_max, payloads, quant_format, swizzled_scales)
-        self._pending = (topk_ids.shape[0], runtime_max, counts)
+        self._shared.pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
         return recv, counts
 
@@ -175,12 +183,13 @@ class MoeAlltoAll:
         :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written.
         ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
         num_tokens, runtime_max, counts = self._require_pending("combine")
-        hidden, dtype = self._combine_row(None, None)
+        given = partials if partials is not None else out  # a row shape given wins over the constructor's
+        hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
                            out=out, hidden=hidden, dtype=dtype,
                            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
                            one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format, debug=self._debug)
-        self._pending = None
+        self._shared.pending = None
         return result
 
     def workspace_breakdown(self) -> str:
@@ -207,15 +216,12 @@ class MoeAlltoAll:
         return "\n".join(lines)
 
     def destroy(self) -> None:
-        """Frees the workspace after a barrier (no peer may still read this rank's memory). Idempotent."""
-        if self._symm is None:
+        """Releases this layer's share of the workspace; the last layer of its group and namespace frees it after a
+        barrier (no peer may still read this rank's memory). Collective. Idempotent."""
+        if self._shared is None:
             return
-        torch.cuda.synchronize(self.device)
-        self.comm.barrier()
-        self._views.clear()
-        self._symm.destroy()
-        self._symm = None
-        self.workspace = None
+        shared, self._shared = self._shared, None
+        shared_workspace.release(shared)
 
     def _check_alive(self) -> None:
         if self._symm is None:
@@ -223,9 +229,9 @@ class MoeAlltoAll:
 
     def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
         self._check_alive()
-        if self._pending is None:
+        if self._shared.pending is None:
             raise RuntimeError(f"MoeAlltoAll.{what} called without a pending dispatch: call dispatch first")
-        return self._pending
+        return self._shared.pending
 
     def _combine_row(self, hidden: Optional[int], dtype: Optional[torch.dtype]) -> tuple[int, torch.dtype]:
         dtype = self.dtype if dtype is None else dtype
