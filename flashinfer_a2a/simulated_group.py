@@ -125,3 +125,13 @@ class SimulatedCommunicator:
 
     def allocate_workspace(self, bytes_per_rank: int, device: Optional[int] = None) -> _Allocation:
         return self.group._allocate(self.rank, bytes_per_rank)
+
+    # FlashInfer's CommBackend shape too, so the compatibility layer runs on simulated ranks unchanged.
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def Split(self, color: int, key: int) -> "SimulatedCommunicator":
+        return self
