@@ -126,12 +126,30 @@ class SimulatedCommunicator:
     def allocate_workspace(self, bytes_per_rank: int, device: Optional[int] = None) -> _Allocation:
         return self.group._allocate(self.rank, bytes_per_rank)
 
-    # FlashInfer's CommBackend shape too, so the compatibility layer runs on simulated ranks unchanged.
+    def comm_backend(self) -> "SimulatedCommBackend":
+        """This rank as a FlashInfer ``CommBackend`` (for :mod:`flashinfer_a2a.compat.flashinfer`)."""
+        return SimulatedCommBackend(self)
+
+
+class SimulatedCommBackend:
+    """FlashInfer's ``CommBackend`` shape over a :class:`SimulatedCommunicator` (``Get_rank``, ``Get_size``,
+    ``allgather``, ``Split``; no ``bcast`` or ``barrier``, like some engines' backends), with the simulated
+    allocation, so the compatibility layer runs on simulated ranks unchanged. A separate class: an object with
+    ``Get_rank`` is taken for an mpi4py communicator by :func:`flashinfer_a2a.comm.as_communicator`."""
+
+    def __init__(self, comm: SimulatedCommunicator) -> None:
+        self.comm = comm
+        self.workspace_group_key = comm.workspace_group_key
+        self.allocate_workspace = comm.allocate_workspace
+
     def Get_rank(self) -> int:
-        return self.rank
+        return self.comm.rank
 
     def Get_size(self) -> int:
-        return self.size
+        return self.comm.size
 
-    def Split(self, color: int, key: int) -> "SimulatedCommunicator":
+    def allgather(self, data: bytes) -> list[bytes]:
+        return self.comm.allgather(data)
+
+    def Split(self, color: int, key: int) -> "SimulatedCommBackend":
         return self

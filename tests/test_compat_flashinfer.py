@@ -79,7 +79,7 @@ def _sglang_sizes(hidden, top_k, ep, max_tokens):
 
 def _compat_layers(group, mapping_of, specs):
     def build(rank, comm):
-        cfg = fi.MnnvlConfig(comm_backend=comm)
+        cfg = fi.MnnvlConfig(comm_backend=comm.comm_backend())
         return [fi.MoeAlltoAll(mapping_of(rank), *args, mnnvl_config=cfg) for args in specs]
 
     return group.run(build)
