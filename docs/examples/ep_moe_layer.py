@@ -97,12 +97,12 @@ def dequantize(wire: Optional[str], values: torch.Tensor, scales: torch.Tensor, 
     NVFP4 needs ``table`` (:func:`e2m1_table`)."""
     rows = values.shape[:-1]
     if wire == "fp8_block":
-        blocks = values.float().reshape(*rows, -1, 128)
+        blocks = values.float().reshape(*rows, scales.shape[-1], 128)  # hidden % 128 == 0 here
         return (blocks * scales.float().unsqueeze(-1)).reshape(*rows, hidden)
     if wire == "nvfp4":
         codes = torch.stack([values & 0xF, values >> 4], dim=-1).flatten(-2)[..., :hidden].long()
         magnitude = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
-        blocks = magnitude.reshape(*rows, -1, 16) * (scales.float() / global_scale).unsqueeze(-1)
+        blocks = magnitude.reshape(*rows, scales.shape[-1], 16) * (scales.float() / global_scale).unsqueeze(-1)
         return blocks.reshape(*rows, hidden)
     raise ValueError(f"wire must be None, 'fp8_block' or 'nvfp4', got {wire!r}")
 
@@ -114,7 +114,8 @@ class EPMoELayer(torch.nn.Module):
         a2a: this rank's :class:`flashinfer_a2a.MoeAlltoAll` (sized with ``dispatch_format=wire``).
         weights: the layer's weights (this rank reads the router and its own experts).
         top_k: experts per token.
-        wire: None (bf16 rows), ``"fp8_block"`` or ``"nvfp4"``: how the activations cross NVLink.
+        wire: None (bf16 rows), ``"fp8_block"`` or ``"nvfp4"``: how the activations cross NVLink (hidden a
+            multiple of 128, resp. 16, for this example's dequantizer).
         global_scale: NVFP4's per-tensor scale, a one-element fp32 device tensor.
     """
 

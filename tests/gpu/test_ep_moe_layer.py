@@ -116,14 +116,15 @@ def test_cuda_graphs_replay_with_changing_inputs(wire):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compiled_layer_equals_the_dense_layer(dynamic, monkeypatch):
-    """fullgraph=True with the aot_eager backend: dynamo and AOT autograd trace the ops through their fakes, the
-    graph runs the same kernels (inductor would fuse the experts' arithmetic and round differently)."""
+    """fullgraph=True: dynamo traces the whole layer (the ops through their fakes) into one graph, which the
+    "eager" backend runs op by op, so the experts round as the dense layer does (inductor would fuse their
+    arithmetic; aot_eager would run the ops on functionalized copies of the workspace, see docs/integration.md)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
     torch._dynamo.reset()
     rig = Rig()
-    counter = CompileCounterWithBackend("aot_eager")
+    counter = CompileCounterWithBackend("eager")
     compiled = torch.compile(lambda layer, x, runtime_max: layer(x, runtime_max), fullgraph=True, dynamic=dynamic,
                              backend=counter)
     try:
