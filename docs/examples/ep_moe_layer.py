@@ -129,22 +129,36 @@ class EPMoELayer(torch.nn.Module):
     def forward(self, x: torch.Tensor, runtime_max_tokens_per_rank: int) -> torch.Tensor:
         """``x [num_tokens, hidden]`` bf16 -> ``[num_tokens, hidden]`` bf16. ``runtime_max_tokens_per_rank``: the
         most tokens any rank has this step (the same on every rank)."""
-        topk_ids, topk_weights = route(x, self.weights, self.top_k)
+        topk_ids, topk_weights = self.route(x)
+        recv = self.send(x, topk_ids, topk_weights, runtime_max_tokens_per_rank)
+        self.run_experts(recv, x.shape[-1])
+        return self.a2a.combine()
+
+    # The steps of forward, also callable one at a time: simulated ranks driven from one thread run each step on
+    # every rank before the next (tests/gpu/test_ep_moe_layer.py), as separate processes would overlap them.
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return route(x, self.weights, self.top_k)
+
+    def send(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+             runtime_max_tokens_per_rank: int) -> list[torch.Tensor]:
         recv, _ = self.a2a.dispatch(topk_ids, [x, topk_ids, topk_weights], runtime_max_tokens_per_rank,
                                     quant_format=self.wire, global_scale=self.global_scale)
+        return recv
+
+    def run_experts(self, recv: list[torch.Tensor], hidden: int) -> None:
+        """This rank's experts on every received row, their output written into the combine region (zero copy)."""
         if self.wire is None:
             recv_x, recv_ids, recv_w = recv
-            rows = recv_x.reshape(-1, x.shape[-1]).float()
+            rows = recv_x.reshape(-1, hidden).float()
         else:
             values, scales, recv_ids, recv_w = recv
-            rows = dequantize(self.wire, values, scales, x.shape[-1], self.global_scale, self.table)
-            rows = rows.reshape(-1, x.shape[-1])
+            rows = dequantize(self.wire, values, scales, hidden, self.global_scale, self.table)
+            rows = rows.reshape(-1, hidden)
         # Rows past a source's count hold stale data: whatever the experts make of them is never combined.
         partials = expert_partials(rows, recv_ids.reshape(-1, self.top_k), recv_w.reshape(-1, self.top_k),
                                    self.weights, self.first, self.end)
-        combine_input = self.a2a.combine_input()  # zero copy: the experts' output lands in the workspace
+        combine_input = self.a2a.combine_input()
         combine_input.copy_(partials.reshape(combine_input.shape))
-        return self.a2a.combine()
 
 
 def dense_moe(xs: list[torch.Tensor], weights: MoEWeights, top_k: int, ep_size: int,
