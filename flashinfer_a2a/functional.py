@@ -21,7 +21,7 @@ from .constants import MAX_EP_SIZE, MAX_PAYLOADS, MAX_TOP_K, check_sizes  # noqa
 from .errors import check_error
 from .layout import empty_workspace  # noqa: F401 - public re-export
 from .validation import check_dispatch_inputs
-from .wire_formats import WireFormat, check_combine_format, wire_format
+from .wire_formats import WIRE_FORMATS, WireFormat, check_combine_format, wire_format
 
 
 
@@ -110,6 +110,56 @@ def _layout(sizes: tuple[int, ...], runtime_max: int, payload_row_bytes: tuple[i
     return _LAYOUTS[key]
 
 
+def _align128(x):
+    return (x + 127) // 128 * 128
+
+
+@torch.compiler.assume_constant_result
+def _push_flags_offset() -> int:
+    """Where a rank's metadata ends (from the C++ layout, read off a one-token CPU workspace once)."""
+    if "push_flags_offset" not in _LAYOUT_CONSTANTS:
+        config = WorkspaceConfig(ep_size=1, max_num_tokens=1, dispatch_bytes_per_token=0,
+                                 combine_bytes_per_token=0, top_k=1)
+        metainfo = initialize(empty_workspace(1, config.bytes_per_rank, "cpu"), 0, config)
+        _LAYOUT_CONSTANTS["push_flags_offset"] = int(metainfo[ops.METAINFO_NAMES.index("push_flags_offset")])
+    return _LAYOUT_CONSTANTS["push_flags_offset"]
+
+
+_LAYOUT_CONSTANTS: dict[str, int] = {}
+
+
+def _traced_layout(sizes: tuple, runtime_max, payload_row_bytes: tuple, quant_code: int = 0, quant_hidden=0,
+                   swizzled_scales: int = 0) -> tuple:
+    """``_layout`` while dynamo traces: any size may be symbolic there (``torch.compile(dynamic=True)`` makes
+    ``runtime_max``, the row bytes, even the config's ints read from objects, SymInts), and ``_layout`` only takes
+    constants. The offsets become expressions the compiled graph evaluates per call (constants where the sizes are).
+
+    It repeats ``ComputeLayout``, ``PlanRecvRegions`` and ``ComputeRecvOffsets`` (workspace_layout.cuh,
+    csrc/workspace.h): regions one after the other, each starting on 128 bytes, the receive regions ``ep_size``
+    source blocks each. That copy must exist (the C++ takes ints, not expressions); tests/test_dynamic_shapes.py
+    pins it to the C++ over random shapes and every wire format. The size checks run in the ops, on real sizes.
+    """
+    ep_size, max_tokens, top_k, dispatch_bytes, _ = sizes
+    routing = _align128(_push_flags_offset() + ep_size * max_tokens * 4)
+    offset = _align128(routing + max_tokens * top_k * 4)  # the dispatch region, where the first receive region is
+    combine_offset = _align128(offset + ep_size * max_tokens * dispatch_bytes + MAX_PAYLOADS * 128)
+    blocks = []
+    for p, row in enumerate(payload_row_bytes):
+        if p == 0 and quant_code:
+            fmt = next(f for f in WIRE_FORMATS.values() if f.code == quant_code)
+            cols = fmt.scale_cols(quant_hidden)
+            blocks.append(runtime_max * fmt.value_bytes(quant_hidden))
+            blocks.append((runtime_max + 127) // 128 * 128 * ((cols + 3) // 4 * 4) if swizzled_scales
+                          else runtime_max * cols * fmt.scale_bytes)
+        else:
+            blocks.append(runtime_max * row)
+    offsets = []
+    for block in blocks:
+        offsets.append(offset)
+        offset = _align128(offset + ep_size * block)
+    return (combine_offset, *offsets)
+
+
 def _quant_format(name: Optional[str]) -> Optional[WireFormat]:
     return None if name is None else wire_format(name, "quant_format")
 
@@ -121,7 +171,7 @@ def _global_scale(global_scale, workspace: torch.Tensor) -> Optional[torch.Tenso
 
 
 def _view(workspace: torch.Tensor, ep_rank: int, offset: int, shape: Sequence[int], dtype: torch.dtype):
-    nbytes = dtype.itemsize * int(torch.Size(shape).numel())
+    nbytes = dtype.itemsize * math.prod(shape)  # no int(): a symbolic size must stay symbolic
     return workspace[ep_rank, offset : offset + nbytes].view(dtype).view(shape)
 
 
@@ -278,7 +328,9 @@ def recv_views(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, r
                   else (ep_size, rows_per_block, fmt.scale_cols(hidden)))
         shapes[:1] = [((ep_size, rows_per_block, fmt.value_bytes(hidden)), fmt.value_dtype), (scales, fmt.scale_dtype)]
     rows = tuple(row_bytes(p) for p in payloads)
-    _, *recv_offsets = _layout(config.sizes(), rows_per_block, rows, *quant)
+    # Under dynamo any size may be symbolic, and a SymInt from a shape does not always say so to isinstance.
+    layout = _traced_layout if torch.compiler.is_compiling() else _layout
+    _, *recv_offsets = layout(config.sizes(), rows_per_block, rows, *quant)
     return [_view(workspace, ep_rank, off, shape, dtype) for off, (shape, dtype) in zip(recv_offsets, shapes)]
 
 
@@ -289,7 +341,11 @@ def combine_input(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig
     The expert side writes row ``[src, i]`` (the partial of the i-th token received from ``src``) straight here;
     :func:`combine` with ``partials=None`` then publishes it without a copy.
     """
-    combine_offset = _layout(config.sizes(), runtime_max_tokens_per_rank, ())[0]
+    # The combine region does not move with runtime_max (which may be symbolic while tracing).
+    if torch.compiler.is_compiling():
+        combine_offset = _traced_layout(config.sizes(), 0, ())[0]
+    else:
+        combine_offset = _layout(config.sizes(), runtime_max_tokens_per_rank, ())[0]
     return _view(workspace, ep_rank, combine_offset, (config.ep_size, runtime_max_tokens_per_rank, hidden), dtype)
 
 

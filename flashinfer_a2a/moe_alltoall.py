@@ -8,11 +8,11 @@ import torch
 
 from . import config as _config
 from . import functional as F
+from . import shared_workspace
 from .agreement import check_agreement, construction_record
 from .comm import as_communicator
-from .lifecycle import StreamBinding, barrier_within, release_workspace
+from .lifecycle import barrier_within
 from .nccl_transport import NcclTransport, check_transport, process_group_of, resolve_transport
-from .symm_mem import SymmetricWorkspace
 from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
 
@@ -55,6 +55,9 @@ class MoeAlltoAll:
             every peer's memory, decided collectively, else nccl. The same calls, layouts and results either way.
         exact: nccl only: exchange the counts first (a host synchronisation, eager only), then move only the routed
             rows instead of every rank's ``runtime_max`` rows.
+        namespace: every MoeAlltoAll of one group and namespace shares one workspace, grown to the largest of their
+            sizes (:mod:`flashinfer_a2a.shared_workspace`); give a draft model, or graphs live alongside others,
+            a namespace of its own. One dispatch may be pending per shared workspace.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class MoeAlltoAll:
         device: Optional[int | str] = None,
         transport: str = "auto",
         exact: bool = False,
+        namespace: str = "default",
     ) -> None:
         self.comm = as_communicator(group)
         # Before anything is checked or allocated: every rank raises alike on a difference (and on a bad argument).
@@ -112,34 +116,29 @@ class MoeAlltoAll:
             else:
                 combine_bytes_per_token = hidden_size * dtype.itemsize
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
-        self.config = F.WorkspaceConfig(ep_size=self.comm.size, max_num_tokens=max_num_tokens,
-                                        dispatch_bytes_per_token=dispatch_bytes_per_token,
-                                        combine_bytes_per_token=combine_bytes_per_token, top_k=top_k)
+        #: what this layer needs; ``config`` is the shared workspace's (at least this in every size)
+        self.requested = F.WorkspaceConfig(ep_size=self.comm.size, max_num_tokens=max_num_tokens,
+                                           dispatch_bytes_per_token=dispatch_bytes_per_token,
+                                           combine_bytes_per_token=combine_bytes_per_token, top_k=top_k)
+        self._shared: Optional[shared_workspace.SharedWorkspace] = None
         self.transport, self._nccl = resolve_transport(self.comm, transport, device), None
         if self.transport == "nccl":  # no workspace: every call goes to the transport object
             self._nccl = NcclTransport(process_group_of(self.comm), num_experts=num_experts,
                                        max_num_tokens=max_num_tokens, device=device, exact=exact, debug=self._debug)
-            self.device, self.workspace, self._symm = self._nccl.device, None, None
+            self.device = self._nccl.device
             return
-        self._symm = SymmetricWorkspace(self.comm, self.config.bytes_per_rank, device, self._timeout_s)
-        self.workspace = self._symm.tensor
+        self._shared = shared_workspace.acquire(self.comm, group, namespace, self.requested, device, self._timeout_s)
         self.device = self.workspace.device
-        try:
-            self.metainfo = F.initialize(self.workspace, self.ep_rank, self.config)
-            torch.cuda.synchronize(self.device)
-            passed, reason = barrier_within(self.comm, self._timeout_s)
-            if not passed:
-                raise RuntimeError(f"MoeAlltoAll: rank {self.ep_rank} initialized its workspace, but not every peer "
-                                   f"reached the barrier after it ({reason})")
-        except BaseException:
-            self.workspace = None
-            self._symm.destroy()  # a failed construction keeps nothing
-            raise
-        self._stream = StreamBinding(self.device)
-        self._pending: Optional[tuple[int, int, torch.Tensor]] = None  # (num_tokens, runtime_max, recv_counts)
-        self._views: dict[tuple, list[torch.Tensor]] = {}  # receive views by (runtime_max, payload row shapes)
         self._recv_counts = torch.empty(self.ep_size, dtype=torch.int32, device=self.device)
         self._calls = 0
+
+    # The workspace, its layout and the pending dispatch belong to the shared workspace (read at each call: a later
+    # layer may have grown it).
+    config = property(lambda self: self.requested if self._shared is None else self._shared.config)
+    workspace = property(lambda self: None if self._shared is None else self._shared.tensor)
+    metainfo = property(lambda self: self._shared.metainfo)
+    _symm = property(lambda self: None if self._shared is None else self._shared.allocation)
+    _views = property(lambda self: self._shared.views)
 
     @property
     def ep_rank(self) -> int:
@@ -167,8 +166,8 @@ class MoeAlltoAll:
                                        is None else runtime_max_tokens_per_rank, quant_format=quant_format,
                                        global_scale=global_scale, swizzled_scales=swizzled_scales)
         self._check_alive()
-        self._stream.check("dispatch")
-        if self._pending is not None:
+        self._shared.stream.check("dispatch")
+        if self._shared.pending is not None:
             raise RuntimeError("MoeAlltoAll.dispatch called twice: call combine for the previous dispatch first")
         runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
         if not 0 <= runtime_max <= self.config.max_num_tokens:
@@ -188,7 +187,7 @@ class MoeAlltoAll:
                                        quant_format=quant_format, global_scale=global_scale,
                                        swizzled_scales=swizzled_scales, debug=self._debug)
             recv = self._recv_views(runtime_max, payloads, quant_format, swizzled_scales)
-        self._pending = (topk_ids.shape[0], runtime_max, counts)
+        self._shared.pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
         return recv, counts
 
@@ -221,13 +220,14 @@ class MoeAlltoAll:
         if self._nccl is not None:
             return self._nccl.combine(partials, *self._combine_row(None, None), out=out, quant_format=quant_format)
         num_tokens, runtime_max, counts = self._require_pending("combine")
-        self._stream.check("combine")
-        hidden, dtype = self._combine_row(None, None)
+        self._shared.stream.check("combine")
+        given = partials if partials is not None else out  # a row shape given wins over the constructor's
+        hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
                            out=out, hidden=hidden, dtype=dtype,
                            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
                            one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format, debug=self._debug)
-        self._pending = None
+        self._shared.pending = None
         return result
 
     def workspace_breakdown(self) -> str:
@@ -256,22 +256,23 @@ class MoeAlltoAll:
         return "\n".join(lines)
 
     def destroy(self) -> None:
-        """Frees this rank's workspace mappings, after a barrier bounded by ``FLASHINFER_A2A_TIMEOUT_S``; if a peer
-        is gone, alone, with a warning. Receive views kept past this keep the memory mapped until they die (they
-        read stale rows, never fault); dispatch/combine on this instance raise. Idempotent."""
+        """Releases this layer's share of the workspace; the last layer of its group and namespace frees this rank's
+        mappings after a barrier bounded by ``FLASHINFER_A2A_TIMEOUT_S`` (if a peer is gone, alone, with a warning).
+        Receive views kept past this keep the memory mapped until they die (they read stale rows, never fault);
+        dispatch/combine on this instance raise. Collective while the peers live. Idempotent."""
         if self._nccl is not None:
             return self._nccl.destroy()
-        if self._symm is None:
+        if self._shared is None:
             return
-        symm, self._symm = self._symm, None
-        self.workspace, self._pending = None, None
-        self._views.clear()
-        release_workspace(symm.destroy, self.comm, self.device, self._timeout_s)
+        shared, self._shared = self._shared, None
+        shared_workspace.release(shared)
 
     def bind_stream(self, stream: Optional[torch.cuda.Stream] = None) -> None:
-        """Binds this instance's steps to ``stream`` (default: the current one). The previous stream's work on
-        this instance must be ordered before the next step (an event or a synchronize)."""
-        self._stream.rebind(stream)
+        """Binds the steps of this instance (and of every instance sharing its workspace) to ``stream`` (default:
+        the current one). The previous stream's work must be ordered before the next step (an event or a
+        synchronize)."""
+        self._check_alive()
+        self._shared.stream.rebind(stream)
 
     def _check_alive(self) -> None:
         if self._symm is None:
@@ -279,9 +280,9 @@ class MoeAlltoAll:
 
     def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
         self._check_alive()
-        if self._pending is None:
+        if self._shared.pending is None:
             raise RuntimeError(f"MoeAlltoAll.{what} called without a pending dispatch: call dispatch first")
-        return self._pending
+        return self._shared.pending
 
     def _combine_row(self, hidden: Optional[int], dtype: Optional[torch.dtype]) -> tuple[int, torch.dtype]:
         dtype = self.dtype if dtype is None else dtype

@@ -145,7 +145,7 @@ def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
 
 @register(
     "dispatch(Tensor(a!) workspace, Tensor topk_ids, Tensor[] payloads, Tensor(b!) recv_counts, int ep_rank, "
-    f"{_SIZES}, int runtime_max_tokens_per_rank, int num_experts, float timeout_s, int quant_format=0, "
+    f"{_SIZES}, SymInt runtime_max_tokens_per_rank, int num_experts, float timeout_s, int quant_format=0, "
     "Tensor? global_scale=None, bool swizzled_scales=False) -> ()",
     dispatch_key="CUDA",
 )
@@ -168,7 +168,7 @@ def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size,
 
 @register(
     "combine(Tensor(a!) workspace, Tensor? partials, Tensor recv_counts, Tensor(b!) out, int ep_rank, "
-    f"{_SIZES}, int runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank, int quant_format=0) -> ()",
+    f"{_SIZES}, SymInt runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank, int quant_format=0) -> ()",
     dispatch_key="CUDA",
 )
 def combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,

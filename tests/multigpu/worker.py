@@ -162,7 +162,8 @@ def check_interleaved(group, comm):
     seed = shared_seed(comm)
     n = comm.size
     first = MoeAlltoAll(group, max_num_tokens=100, top_k=4, num_experts=8 * n, hidden_size=512)
-    second = MoeAlltoAll(group, max_num_tokens=50, top_k=2, num_experts=4 * n, hidden_size=256)
+    # interleaved dispatches need workspaces of their own: one dispatch may be pending per shared workspace
+    second = MoeAlltoAll(group, max_num_tokens=50, top_k=2, num_experts=4 * n, hidden_size=256, namespace="second")
     gen = torch.Generator().manual_seed(seed)
     for i in range(3):
         # finite activations: the identity expert's sums are then exact (random bytes would include NaNs)
