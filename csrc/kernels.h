@@ -14,6 +14,14 @@ inline int NumSMs(int device) {
   return cached[device];
 }
 
+// Multiprocessors the kernels size their grids for: the device's, or fewer under an SM budget (num_sms > 0), so that
+// work running beside them keeps the rest.
+inline int SmBudget(int64_t num_sms, int device) {
+  TVM_FFI_CHECK(num_sms >= 0, ValueError) << "num_sms must be >= 0 (0: every multiprocessor), got " << num_sms;
+  const int all = NumSMs(device);
+  return num_sms > 0 && num_sms < all ? static_cast<int>(num_sms) : all;
+}
+
 inline uint64_t TimeoutNs(double timeout_s) {
   TVM_FFI_CHECK(timeout_s > 0 && timeout_s < 1e6, ValueError)
       << "timeout_s must be in (0, 1e6) seconds, got " << timeout_s;

@@ -9,11 +9,12 @@ import torch
 from . import config as _config
 from . import functional as F
 from .comm import as_communicator
+from .split_phase import CallOrder, SplitPhaseMixin
 from .symm_mem import SymmetricWorkspace
 from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
 
-class MoeAlltoAll:
+class MoeAlltoAll(SplitPhaseMixin):
     """One-sided NVLink dispatch and combine for one expert-parallel group.
 
     Construction is collective (every rank of ``group`` builds it with the same sizes) and ends with a barrier, so a
@@ -46,6 +47,8 @@ class MoeAlltoAll:
             faster at 8192 tokens per rank and about 6 us slower per call at 1024 and below (docs/benchmarks.md).
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive.
         device: this rank's GPU (default: the current device).
+        num_sms: SM budget: the kernels size their grids as if the GPU had this many multiprocessors (None: all),
+            so compute running beside them (split-phase calls, :mod:`flashinfer_a2a.split_phase`) keeps the rest.
     """
 
     def __init__(
@@ -65,8 +68,12 @@ class MoeAlltoAll:
         dispatch_bytes_per_token: Optional[int] = None,
         combine_bytes_per_token: Optional[int] = None,
         device: Optional[int] = None,
+        num_sms: Optional[int] = None,
     ) -> None:
         self.comm = as_communicator(group)
+        if num_sms is not None and (not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 1):
+            raise ValueError(f"num_sms must be None (every multiprocessor) or an int >= 1, got {num_sms!r}")
+        self.num_sms = 0 if num_sms is None else num_sms  # 0: the ops' "every multiprocessor"
         if hidden_size is None and (dispatch_bytes_per_token is None or combine_bytes_per_token is None):
             raise ValueError("MoeAlltoAll needs hidden_size, or both dispatch_bytes_per_token and "
                              "combine_bytes_per_token")
@@ -100,6 +107,8 @@ class MoeAlltoAll:
         torch.cuda.synchronize(self.device)
         self.comm.barrier()
         self._pending: Optional[tuple[int, int, torch.Tensor]] = None  # (num_tokens, runtime_max, recv_counts)
+        self._order = CallOrder()
+        self._sent: Optional[tuple] = None  # what a split call's receive half needs from its send
         self._views: dict[tuple, list[torch.Tensor]] = {}  # receive views by (runtime_max, payload row shapes)
         self._recv_counts = torch.empty(self.ep_size, dtype=torch.int32, device=self.device)
         self._calls = 0
@@ -126,12 +135,8 @@ class MoeAlltoAll:
         :func:`flashinfer_a2a.functional.dispatch`); it then arrives as two views, values and scales.
         """
         self._check_alive()
-        if self._pending is not None:
-            raise RuntimeError("MoeAlltoAll.dispatch called twice: call combine for the previous dispatch first")
-        runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
-        if not 0 <= runtime_max <= self.config.max_num_tokens:
-            raise ValueError(f"runtime_max_tokens_per_rank={runtime_max} exceeds max_num_tokens="
-                             f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
+        self._order.check("dispatch")
+        runtime_max = self._runtime_max(runtime_max_tokens_per_rank)
         # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
         if self._debug and F.debug_checks_due(True):
             self._check_same_call(runtime_max)
@@ -139,16 +144,25 @@ class MoeAlltoAll:
         if torch.compiler.is_compiling():  # fresh tensors: a traced view or counts tensor must not be kept
             recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
                                       self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
-                                      global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self._debug)
+                                      global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self._debug,
+                                      num_sms=self.num_sms)
         else:  # eager: one counts tensor and cached views, valid (like the views always were) until the next dispatch
             counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
                                        self.num_experts, timeout_s=timeout_s, recv_counts=self._recv_counts,
                                        quant_format=quant_format, global_scale=global_scale,
-                                       swizzled_scales=swizzled_scales, debug=self._debug)
+                                       swizzled_scales=swizzled_scales, debug=self._debug, num_sms=self.num_sms)
             recv = self._recv_views(runtime_max, payloads, quant_format, swizzled_scales)
         self._pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
+        self._order.advance("dispatch")
         return recv, counts
+
+    def _runtime_max(self, runtime_max_tokens_per_rank: Optional[int]) -> int:
+        runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
+        if not 0 <= runtime_max <= self.config.max_num_tokens:
+            raise ValueError(f"runtime_max_tokens_per_rank={runtime_max} exceeds max_num_tokens="
+                             f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
+        return runtime_max
 
     def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor], quant_format: Optional[str],
                     swizzled_scales: bool) -> list[torch.Tensor]:
@@ -179,8 +193,10 @@ class MoeAlltoAll:
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
                            out=out, hidden=hidden, dtype=dtype,
                            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
-                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format, debug=self._debug)
+                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format, debug=self._debug,
+                           num_sms=self.num_sms)
         self._pending = None
+        self._order.advance("combine")
         return result
 
     def workspace_breakdown(self) -> str:
@@ -223,8 +239,7 @@ class MoeAlltoAll:
 
     def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
         self._check_alive()
-        if self._pending is None:
-            raise RuntimeError(f"MoeAlltoAll.{what} called without a pending dispatch: call dispatch first")
+        self._order.check(what)
         return self._pending
 
     def _combine_row(self, hidden: Optional[int], dtype: Optional[torch.dtype]) -> tuple[int, torch.dtype]:
