@@ -50,6 +50,8 @@ class BenchArgs:
     output_dir: str
     seed: int
     quiet: bool
+    num_sms: tuple[int, ...] = ()  # SM budgets timed besides the whole GPU (rows a2a-sm<N>)
+    overlap: bool = False  # time the dual-batch overlap study (flashinfer_a2a.bench.overlap) instead
 
 
 def _positive_int(text: str) -> int:
@@ -121,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-dir", default="bench_results", help="where the JSON and PNG go (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the routing and the payloads (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--num-sms", nargs="+", type=_list_of(_positive_int), metavar="N",
+                        help="SM budgets (MoeAlltoAll num_sms) timed as rows a2a-sm<N> besides the whole GPU")
+    parser.add_argument("--overlap", action="store_true",
+                        help="time dual-batch overlap instead: two micro-batches on two workspaces, a bf16 GEMM of "
+                             "[tokens, hidden] x [hidden, 2048] between each send and its receive; reports a2a alone, "
+                             "GEMM alone and both interleaved")
     return parser
 
 
@@ -155,4 +163,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         output_dir=ns.output_dir,
         seed=ns.seed,
         quiet=ns.quiet,
+        num_sms=_flatten(ns.num_sms, ()),
+        overlap=ns.overlap,
     )

@@ -251,3 +251,44 @@ def test_opcheck_dispatch_recv():
     torch.cuda.synchronize()
     assert counts.tolist() == [8]
     fa.check_error(sim.workspace, 0)
+
+
+def test_moe_alltoall_split_calls_one_rank():
+    """MoeAlltoAll's split calls as a group of one rank, under an SM budget: cached views, the call order checked
+    before any launch, the same results as the whole calls."""
+    from .test_moe_alltoall_one_rank import OneRank
+
+    a2a = fa.MoeAlltoAll(OneRank(), max_num_tokens=64, top_k=TOP_K, num_experts=EXPERTS, hidden_size=HIDDEN,
+                         num_sms=1)
+    gen = torch.Generator().manual_seed(torch.seed())
+    try:
+        with pytest.raises(RuntimeError, match="dispatch_recv called without a pending dispatch"):
+            a2a.dispatch_recv()
+        for tokens, runtime_max in ((40, 64), (0, 9), (64, 64)):
+            ids = ref.random_topk_ids(tokens, TOP_K, EXPERTS, generator=gen).cuda()
+            x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16).cuda()
+            a2a.dispatch_send(ids, [x, ids], runtime_max)
+            with pytest.raises(RuntimeError, match="call dispatch_recv first"):
+                a2a.combine()
+            (recv_x, recv_ids), counts = a2a.dispatch_recv()
+            partials = a2a.combine_input()
+            partials.fill_(float("nan"))  # rows past the count must not be read
+            partials[0, :tokens] = recv_x[0, :tokens] * 2
+            a2a.combine_send()
+            with pytest.raises(RuntimeError, match="call combine_recv first"):
+                a2a.dispatch_send(ids, [x, ids], runtime_max)
+            out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
+            assert a2a.combine_recv(out=out) is out
+            torch.cuda.synchronize()
+            assert counts.tolist() == [tokens]
+            assert torch.equal(recv_x[0, :tokens], x) and torch.equal(recv_ids[0, :tokens], ids)
+            assert torch.equal(out, x * 2)
+            # And the whole calls on the same object, in between.
+            (recv_x, _), counts = a2a.dispatch(ids, [x, ids], runtime_max)
+            a2a.combine_input()[0, :tokens] = recv_x[0, :tokens] * 4
+            whole = a2a.combine()
+            torch.cuda.synchronize()
+            assert torch.equal(whole, x * 4)
+        fa.check_error(a2a.workspace, 0)
+    finally:
+        a2a.destroy()
