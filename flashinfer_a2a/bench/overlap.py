@@ -15,6 +15,7 @@ and GEMMs share one GPU, so the GEMMs of all ranks run at once; across processes
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 import torch
@@ -152,7 +153,13 @@ def _time_case(args: BenchArgs, session: Session, batches: Sequence[_MicroBatch]
         rank_calls.append(calls)
         x = [torch.randn(tokens, args.shape.hidden, device=session.device).to(torch.bfloat16) for _ in range(2)]
         y = [torch.empty(tokens, GEMM_N, dtype=torch.bfloat16, device=session.device) for _ in range(2)]
-        gemms = [lambda m=m: torch.matmul(x[m], weight, out=y[m]) for m in range(2)]
+        gemms = [lambda m=m, x=x, y=y: torch.matmul(x[m], weight, out=y[m]) for m in range(2)]
+        # cuBLAS makes its handle and loads its kernels on a stream's first GEMM: that must not happen inside a
+        # graph capture, nor (lazy module loading may synchronize the device) while a rank spins on a peer.
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for gemm in gemms:
+                gemm()
+        torch.cuda.synchronize()
         for loop, fn in _loops(calls[0], calls[1], *gemms).items():
             steps[loop].append(RankSteps(fn, lambda: None, stream))
     # One untimed round of whole calls per micro-batch, the combine inputs filled between its dispatch and its

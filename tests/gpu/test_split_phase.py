@@ -42,6 +42,19 @@ def _experts(recv_hidden, rank):
     return (recv_hidden.float() * 2.0 ** -(rank + 1)).to(torch.bfloat16)
 
 
+def _load_torch_kernels():
+    """Launches once every torch kernel these tests run between cross-rank calls. With lazy module loading the
+    first launch of a kernel may synchronize the device: it would wait on a rank spinning for a peer whose calls the
+    host has not launched yet, until the spin times out."""
+    x = torch.ones(2, 3, HIDDEN, dtype=torch.bfloat16, device="cuda")
+    y = _experts(x, 0)
+    x.copy_(y)
+    x[0, :1] = y[0, :1] * 2
+    y.clone().fill_(float("nan"))
+    torch.ones(2, dtype=torch.int32, device="cuda").clone()
+    torch.cuda.synchronize()
+
+
 def _poison(*sims):
     for sim in sims:
         scramble_(sim.workspace[:, metadata_offsets()["metadata_bytes"]:])
@@ -98,6 +111,7 @@ def _reference(batch, runtime_max):
     (3, (64, 64, 64), 64, 3),
 ])
 def test_interleaved_micro_batches_equal_sequential(ep_size, tokens, runtime_max, num_sms):
+    _load_torch_kernels()
     gen = torch.Generator().manual_seed(torch.seed())
     config = _config(ep_size, runtime_max)
     sim_a, sim_b = SimulatedRanks(config), SimulatedRanks(config)
@@ -108,6 +122,9 @@ def test_interleaved_micro_batches_equal_sequential(ep_size, tokens, runtime_max
         _poison(sim_a, sim_b)
         got = sim_a.run(lambda r: _step(config, sim_a, sim_b, a, b, r, runtime_max, num_sms))
         torch.cuda.synchronize()
+        for sim in (sim_a, sim_b):  # a timeout also reads as a count of 0
+            for r in range(ep_size):
+                fa.check_error(sim.workspace, r)
         for r in range(ep_size):
             oa, ob, ca, cb, va, vb = got[r]
             for (expected, want_out), counts, view, out in ((want_a, ca, va, oa), (want_b, cb, vb, ob)):
@@ -133,6 +150,7 @@ def test_interleaved_micro_batches_equal_sequential(ep_size, tokens, runtime_max
 def test_split_calls_equal_whole_calls(dispatch_quant, combine_quant, num_sms):
     """Receive rows, counts and combine output of send + receive equal the whole calls' bit for bit, quantized
     wires included; the SM budget changes no bit either."""
+    _load_torch_kernels()
     gen = torch.Generator().manual_seed(torch.seed())
     ep_size, runtime_max = 2, 96
     tokens = (96, 33)
@@ -140,47 +158,50 @@ def test_split_calls_equal_whole_calls(dispatch_quant, combine_quant, num_sms):
     sim = SimulatedRanks(config)
     batch = _batch(tokens, gen)
     kw = dict(quant_format=dispatch_quant)
+    # Made before the ranks' calls: a copy from pageable host memory waits for the stream, which may hold a rank
+    # spinning on a peer the host has not launched yet.
+    parts = [torch.randn(ep_size, runtime_max, HIDDEN, generator=gen).to(torch.bfloat16).cuda()
+             for _ in range(ep_size)]
 
     def whole(r):
         recv, counts = fa.dispatch(sim.workspace, r, config, batch.ids[r], [batch.hidden[r], batch.ids[r]],
                                    runtime_max, EXPERTS, **kw)
-        part = _experts(torch.randn(ep_size, runtime_max, HIDDEN, generator=torch.Generator().manual_seed(r))
-                        .to(torch.bfloat16).cuda(), r)
-        out = fa.combine(sim.workspace, r, config, counts, tokens[r], runtime_max, part, quant_format=combine_quant)
-        return [v.clone() for v in recv], counts.clone(), out
+        out = fa.combine(sim.workspace, r, config, counts, tokens[r], runtime_max, parts[r],
+                         quant_format=combine_quant)
+        return recv, counts, out
 
     def split(r):
         recv, counts = sp.dispatch_send(sim.workspace, r, config, batch.ids[r], [batch.hidden[r], batch.ids[r]],
                                         runtime_max, EXPERTS, num_sms=num_sms, **kw)
         sp.dispatch_recv(sim.workspace, r, config, counts, runtime_max)
-        part = _experts(torch.randn(ep_size, runtime_max, HIDDEN, generator=torch.Generator().manual_seed(r))
-                        .to(torch.bfloat16).cuda(), r)
-        sp.combine_send(sim.workspace, r, config, counts, runtime_max, part, quant_format=combine_quant,
+        sp.combine_send(sim.workspace, r, config, counts, runtime_max, parts[r], quant_format=combine_quant,
                         num_sms=num_sms)
-        out = sp.combine_recv(sim.workspace, r, config, counts, tokens[r], runtime_max, part,
+        out = sp.combine_recv(sim.workspace, r, config, counts, tokens[r], runtime_max, parts[r],
                               quant_format=combine_quant, num_sms=num_sms)
-        return [v.clone() for v in recv], counts.clone(), out
+        return recv, counts, out
 
-    _poison(sim)
-    want = sim.run(whole)
-    torch.cuda.synchronize()
-    _poison(sim)
-    got = sim.run(split)
-    torch.cuda.synchronize()
+    def run(fn):  # the receive views are cloned once every rank is done: the next dispatch overwrites them
+        _poison(sim)
+        results = sim.run(fn)
+        torch.cuda.synchronize()
+        return [([v.cpu() for v in recv], counts.cpu(), out.cpu()) for recv, counts, out in results]
+
+    want = run(whole)
+    got = run(split)
     for r in range(ep_size):
         (want_recv, want_counts, want_out), (got_recv, got_counts, got_out) = want[r], got[r]
         assert torch.equal(got_counts, want_counts)
-        mask = ref.valid_row_mask(want_counts.cpu(), runtime_max)
+        mask = ref.valid_row_mask(want_counts, runtime_max)
         for p, (g, w) in enumerate(zip(got_recv, want_recv)):
-            if g.dim() >= 3:  # row-major receive views (scales too, unswizzled)
-                assert ref.bitwise_equal(g.cpu()[mask], w.cpu()[mask]), f"payload {p} on rank {r}"
-        assert ref.bitwise_equal(got_out.cpu(), want_out.cpu()), f"combine on rank {r}"
+            assert ref.bitwise_equal(g[mask], w[mask]), f"payload {p} on rank {r}"  # row-major views only here
+        assert ref.bitwise_equal(got_out, want_out), f"combine on rank {r}"
         fa.check_error(sim.workspace, r)
 
 
 def test_cuda_graph_of_interleaved_step_replays_like_eager():
     """Each rank captures its interleaved step (two workspaces) in a graph on its own stream; replays stay in step
     with eager whole calls through the epochs in device memory."""
+    _load_torch_kernels()
     gen = torch.Generator().manual_seed(torch.seed())
     ep_size, tokens, runtime_max = 2, (24, 17), 24
     config = _config(ep_size, runtime_max)
@@ -216,6 +237,7 @@ def test_cuda_graph_of_interleaved_step_replays_like_eager():
 
 
 def test_compile_fullgraph_split_step_matches_eager():
+    _load_torch_kernels()
     gen = torch.Generator().manual_seed(torch.seed())
     ep_size, tokens, runtime_max = 2, (16, 9), 16
     config = _config(ep_size, runtime_max)
@@ -225,7 +247,9 @@ def test_compile_fullgraph_split_step_matches_eager():
         oa, ob, *_ = _interleaved_rank(config, wa, wb, ids_a, hidden_a, ids_b, hidden_b, r, runtime_max, 0)
         return oa.clone(), ob.clone()
 
-    compiled = torch.compile(step, fullgraph=True)
+    # aot_eager: dynamo's full graph and the fakes, with the same eager kernels (an inductor kernel loaded on its
+    # first call, while a simulated rank spins on a peer not launched yet, could stall the host).
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     for _ in range(2):
         a, b = _batch(tokens, gen), _batch(tokens, gen)
         args = lambda r: (sim_a.workspace, sim_b.workspace, a.ids[r], a.hidden[r], b.ids[r], b.hidden[r], r)  # noqa
