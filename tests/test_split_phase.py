@@ -73,6 +73,7 @@ def test_phase_codes_and_schemas():
     assert "Tensor(a!) workspace, Tensor(b!) recv_counts" in recv
 
 
+@pytest.mark.usefixtures("a2a_env")  # the workspace size comes from the built library
 def test_split_calls_trace_fullgraph_with_fakes():
     """Two micro-batches on two workspaces, their halves interleaved, traced by dynamo (meta tensors: no GPU)."""
     hidden, top_k, runtime_max = 256, 4, 16
