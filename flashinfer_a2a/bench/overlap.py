@@ -156,6 +156,7 @@ def _time_case(args: BenchArgs, session: Session, batches: Sequence[_MicroBatch]
         gemms = [lambda m=m, x=x, y=y: torch.matmul(x[m], weight, out=y[m]) for m in range(2)]
         # cuBLAS makes its handle and loads its kernels on a stream's first GEMM: that must not happen inside a
         # graph capture, nor (lazy module loading may synchronize the device) while a rank spins on a peer.
+        torch.cuda.synchronize()  # the inputs above were made on the current stream
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for gemm in gemms:
                 gemm()
