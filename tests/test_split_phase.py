@@ -113,3 +113,69 @@ def test_split_calls_trace_fullgraph_with_fakes():
                       ("dispatch_recv", None), ("combine", 1), ("combine", 2), ("combine", 2)]
     first_dispatch = calls[0]
     assert first_dispatch.args[17] == 4  # num_sms reaches the op
+
+
+class _CpuWorkspace:
+    """Stands in for the symmetric workspace: a CPU tensor of one rank (nothing here launches a kernel)."""
+
+    one_gpu_per_rank = False
+
+    def __init__(self, comm, bytes_per_rank, device):
+        self.tensor = fa.functional.empty_workspace(comm.size, bytes_per_rank, "cpu")
+        self.bytes_per_rank = bytes_per_rank
+
+    def destroy(self):
+        pass
+
+
+@pytest.mark.usefixtures("a2a_env")
+def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
+    """MoeAlltoAll's split calls on the CPU, the launches replaced by recorders: calls out of order raise and launch
+    nothing; a send then its receive launch once each, with the object's SM budget."""
+    from flashinfer_a2a import moe_alltoall
+
+    class Comm(_OneRank):
+        def barrier(self):
+            pass
+
+    monkeypatch.setattr(moe_alltoall, "SymmetricWorkspace", _CpuWorkspace)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    a2a = MoeAlltoAll(Comm(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, num_sms=3)
+    launched = []
+
+    def launch_dispatch(*args, recv_counts=None, phase=0, num_sms=0, **kwargs):
+        launched.append(("dispatch", phase, num_sms))
+        return recv_counts
+
+    monkeypatch.setattr(moe_alltoall.F, "launch_dispatch", launch_dispatch)
+    monkeypatch.setattr(sp, "dispatch_recv", lambda *args, **kwargs: launched.append(("dispatch_recv",)))
+    monkeypatch.setattr(sp, "combine_send", lambda *args, num_sms=0, **kwargs: launched.append(("combine", 1, num_sms)))
+    monkeypatch.setattr(sp, "combine_recv", lambda *args, out=None, num_sms=0, **kwargs:
+                        launched.append(("combine", 2, num_sms)) or out)
+    ids = torch.zeros(5, 2, dtype=torch.int32)
+    x = torch.zeros(5, 64, dtype=torch.bfloat16)
+    for call, message in ((a2a.dispatch_recv, "dispatch_recv called without a pending dispatch"),
+                          (a2a.combine_send, "combine_send called without a pending dispatch"),
+                          (a2a.combine_recv, "combine_recv called without a pending dispatch"),
+                          (a2a.combine_input, "combine_input called without a pending dispatch")):
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    assert launched == []
+    a2a.dispatch_send(ids, [x], 8)
+    for call, message in ((lambda: a2a.dispatch_send(ids, [x], 8), "call dispatch_recv first"),
+                          (lambda: a2a.dispatch(ids, [x], 8), "call dispatch_recv first"),
+                          (a2a.combine, "call dispatch_recv first"), (a2a.combine_input, "call dispatch_recv first"),
+                          (a2a.combine_send, "call dispatch_recv first")):
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    (recv_x,), counts = a2a.dispatch_recv()
+    assert recv_x.shape == (1, 8, 64) and counts is a2a._recv_counts
+    assert a2a.combine_input().shape == (1, 8, 64)
+    a2a.combine_send()
+    with pytest.raises(RuntimeError, match="call combine_recv first"):
+        a2a.dispatch_send(ids, [x], 8)
+    out = torch.empty(5, 64, dtype=torch.bfloat16)
+    assert a2a.combine_recv(out=out) is out
+    assert launched == [("dispatch", 1, 3), ("dispatch_recv",), ("combine", 1, 3), ("combine", 2, 3)]
+    with pytest.raises(RuntimeError, match="combine_recv called without a pending dispatch"):
+        a2a.combine_recv()
