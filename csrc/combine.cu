@@ -40,6 +40,7 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
              double timeout_s, bool one_gpu_per_rank, int64_t quant_format, int64_t phase, int64_t num_sms) {
   TVM_FFI_CHECK(phase >= 0 && phase <= 2, ValueError)
       << "combine phase must be 0 (send and receive), 1 (send) or 2 (receive), got " << phase;
+  CheckSmBudget(num_sms);
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);

@@ -75,6 +75,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
               int64_t num_sms) {
   TVM_FFI_CHECK(phase == 0 || phase == 1, ValueError)
       << "dispatch phase must be 0 (send and receive) or 1 (send only), got " << phase;
+  CheckSmBudget(num_sms);
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);

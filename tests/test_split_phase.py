@@ -179,3 +179,25 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
     assert launched == [("dispatch", 1, 3), ("dispatch_recv",), ("combine", 1, 3), ("combine", 2, 3)]
     with pytest.raises(RuntimeError, match="combine_recv called without a pending dispatch"):
         a2a.combine_recv()
+
+
+@pytest.mark.usefixtures("a2a_env")
+@pytest.mark.parametrize("op, phase, num_sms, message", [
+    ("dispatch", 2, 0, "dispatch phase must be 0 .* or 1 .*, got 2"),
+    ("dispatch", -1, 0, "dispatch phase must be .* got -1"),
+    ("dispatch", 1, -4, "num_sms must be >= 0 .* got -4"),
+    ("combine", 3, 0, "combine phase must be 0 .*, 1 .* or 2 .*, got 3"),
+    ("combine", 2, -1, "num_sms must be >= 0 .* got -1"),
+])
+def test_bad_phase_and_num_sms_are_value_errors_before_any_launch(op, phase, num_sms, message):
+    config = fa.WorkspaceConfig(1, 8, 128, 128, top_k=2)
+    workspace = fa.functional.empty_workspace(1, config.bytes_per_rank, "cpu")  # checked after: never reached
+    ids = torch.zeros(4, 2, dtype=torch.int32)
+    counts = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=message):
+        if op == "dispatch":
+            ops.dispatch(workspace, ids, [torch.zeros(4, 64, dtype=torch.bfloat16)], counts, 0, *config.sizes(), 8, 4,
+                         5.0, 0, None, False, phase, num_sms)
+        else:
+            ops.combine(workspace, None, counts, torch.zeros(4, 64, dtype=torch.bfloat16), 0, *config.sizes(), 8, 5.0,
+                        False, 0, phase, num_sms)
