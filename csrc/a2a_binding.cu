@@ -31,12 +31,15 @@ void Dispatch(TensorView workspace, TensorView topk_ids, Array<Tensor> payloads,
               int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
               int64_t num_experts, double timeout_s, int64_t quant_format, Optional<Tensor> global_scale,
-              bool swizzled_scales);
+              bool swizzled_scales, int64_t phase, int64_t num_sms);
+void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank, int64_t ep_size,
+                  int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                  int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank, double timeout_s);
 // combine.cu
 void Combine(TensorView workspace, Optional<Tensor> partials, TensorView recv_counts, TensorView out,
              int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-             double timeout_s, bool one_gpu_per_rank, int64_t quant_format);
+             double timeout_s, bool one_gpu_per_rank, int64_t quant_format, int64_t phase, int64_t num_sms);
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id);
 
 }  // namespace flashinfer_a2a
@@ -47,5 +50,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_metainfo_index_pairs, flashinfer_a2a::GetMetai
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_constants, flashinfer_a2a::GetConstants);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(initialize, flashinfer_a2a::Initialize);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch, flashinfer_a2a::Dispatch);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch_recv, flashinfer_a2a::DispatchRecv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(combine, flashinfer_a2a::Combine);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sanitize_expert_ids, flashinfer_a2a::SanitizeExpertIds);

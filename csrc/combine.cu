@@ -37,7 +37,10 @@ void CheckRecvCounts(const TensorView& recv_counts, const TensorView& workspace,
 void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials, TensorView recv_counts,
              TensorView out, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-             double timeout_s, bool one_gpu_per_rank, int64_t quant_format) {
+             double timeout_s, bool one_gpu_per_rank, int64_t quant_format, int64_t phase, int64_t num_sms) {
+  TVM_FFI_CHECK(phase >= 0 && phase <= 2, ValueError)
+      << "combine phase must be 0 (send and receive), 1 (send) or 2 (receive), got " << phase;
+  CheckSmBudget(num_sms);
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
@@ -114,7 +117,9 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   // the path is the caller's choice, made when sizing. Every rank decides alike, from sizes all ranks share. Landing
   // rows hold the partials as they are or, over the FP8 wire, FP8 values and scales.
   const int64_t landing_row_bytes = fp8_wire ? Fp8WireRowBytes(hidden) : row_bytes;
-  params.push = one_gpu_per_rank && row_bytes + landing_row_bytes <= combine_bytes_per_token;
+  // A split combine is always pulled: its send must return before the peers' rows are needed.
+  params.phase = static_cast<CombinePhase>(phase);
+  params.push = phase == 0 && one_gpu_per_rank && row_bytes + landing_row_bytes <= combine_bytes_per_token;
   params.landing_offset = layout.combine_offset + ep_size * runtime_max_tokens_per_rank * row_bytes;
   params.push_flags_offset = layout.push_flags_offset;
   params.max_num_tokens = static_cast<int32_t>(max_num_tokens);
@@ -122,7 +127,7 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   const int pull_vec =
       VecBytesFor(row_bytes, reinterpret_cast<uintptr_t>(params.output), reinterpret_cast<uintptr_t>(input));
   A2A_CUDA_CHECK(
-      LaunchCombine(params, type, pull_vec, NumSMs(workspace.device().device_id), one_gpu_per_rank, stream));
+      LaunchCombine(params, type, pull_vec, SmBudget(num_sms, workspace.device().device_id), one_gpu_per_rank, stream));
 }
 
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id) {

@@ -100,7 +100,11 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
               TensorView recv_counts, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
               int64_t num_experts, double timeout_s, int64_t quant_format,
-              tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales) {
+              tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales, int64_t phase,
+              int64_t num_sms) {
+  TVM_FFI_CHECK(phase == 0 || phase == 1, ValueError)
+      << "dispatch phase must be 0 (send and receive) or 1 (send only), got " << phase;
+  CheckSmBudget(num_sms);
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   const WorkspaceLayout layout = CheckCudaWorkspace(workspace, ep_rank, config);
@@ -143,7 +147,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
                                                swizzled_scales);
   const bool quantize = quant.format != QuantFormat::kNone;
   const RecvRegions regions = PlanRecvRegions(config, layout, runtime_max_tokens_per_rank, rows, quant);
-  const int max_blocks = DispatchMaxBlocks(quant.format, NumSMs(workspace.device().device_id));
+  const int max_blocks = DispatchMaxBlocks(quant.format, SmBudget(num_sms, workspace.device().device_id));
   const bool group_small = DispatchChunk(static_cast<int>(num_tokens), max_blocks) >= kSmallGroupMinTokens;
   for (int p = 0; p < params.num_payloads; ++p) {
     params.payload[p] = static_cast<const uint8_t*>(BytePtr(TensorView(payloads[p])));
@@ -185,7 +189,36 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   params.recv_counts = static_cast<int32_t*>(BytePtr(recv_counts));
   params.timeout_ns = timeout_ns;
   params.call_layout = CallLayoutOf(topk_ids, payloads, rows, quant);
+  params.phase = static_cast<DispatchPhase>(phase);
   A2A_CUDA_CHECK(LaunchDispatch(params, IsDType(topk_ids, kDLInt, 64), max_blocks, stream));
+}
+
+void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank, int64_t ep_size,
+                  int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                  int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank, double timeout_s) {
+  const WorkspaceConfig config =
+      MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
+  CheckCudaWorkspace(workspace, ep_rank, config);
+  TVM_FFI_CHECK(runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens, ValueError)
+      << "runtime_max_tokens_per_rank must be in [0, max_num_tokens=" << max_num_tokens << "], got "
+      << runtime_max_tokens_per_rank;
+  TVM_FFI_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
+                ValueError)
+      << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
+  CheckContiguous(recv_counts, "recv_counts");
+  CheckSameDevice(recv_counts, workspace, "recv_counts", "workspace");
+  const uint64_t timeout_ns = TimeoutNs(timeout_s);
+
+  DeviceGuard guard(workspace.device().device_id);
+  cudaStream_t stream = CurrentStream(workspace);
+  DispatchParams params{};
+  params.ranks = Ranks{static_cast<uint8_t*>(BytePtr(workspace)), workspace.stride(0),
+                       static_cast<int32_t>(ep_rank), static_cast<int32_t>(ep_size)};
+  params.phase = DispatchPhase::kRecv;
+  params.runtime_max = static_cast<int32_t>(runtime_max_tokens_per_rank);
+  params.recv_counts = static_cast<int32_t*>(BytePtr(recv_counts));
+  params.timeout_ns = timeout_ns;
+  A2A_CUDA_CHECK(LaunchDispatch(params, false, 1, stream));
 }
 
 }  // namespace flashinfer_a2a

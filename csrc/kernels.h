@@ -14,6 +14,18 @@ inline int NumSMs(int device) {
   return cached[device];
 }
 
+// An entry point checks its SM budget first, before the workspace (so the check needs no GPU).
+inline void CheckSmBudget(int64_t num_sms) {
+  TVM_FFI_CHECK(num_sms >= 0, ValueError) << "num_sms must be >= 0 (0: every multiprocessor), got " << num_sms;
+}
+
+// Multiprocessors the kernels size their grids for: the device's, or fewer under an SM budget (num_sms > 0), so that
+// work running beside them keeps the rest.
+inline int SmBudget(int64_t num_sms, int device) {
+  const int all = NumSMs(device);
+  return num_sms > 0 && num_sms < all ? static_cast<int>(num_sms) : all;
+}
+
 inline uint64_t TimeoutNs(double timeout_s) {
   A2A_CHECK(timeout_s > 0 && timeout_s < 1e6, ValueError)
       << "timeout_s must be in (0, 1e6) seconds, got " << timeout_s;

@@ -281,9 +281,12 @@ def launch_dispatch(
     global_scale: Optional[torch.Tensor | float] = None,
     swizzled_scales: bool = False,
     debug: Optional[bool] = None,
+    num_sms: int = 0,
+    phase: int = 0,
 ) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
-    written into the given ``[ep_size] int32`` tensor if any."""
+    written into the given ``[ep_size] int32`` tensor if any. ``num_sms``: size the grid for at most this many
+    multiprocessors (0: all). ``phase=1`` sends only (see :mod:`flashinfer_a2a.split_phase`)."""
     check_dispatch_inputs(topk_ids, payloads)
     fmt = _quant_format(quant_format)
     if len(payloads) > MAX_PAYLOADS - (fmt is not None):
@@ -305,7 +308,7 @@ def launch_dispatch(
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
     ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
                  runtime_max_tokens_per_rank, num_experts, _timeout(timeout_s), 0 if fmt is None else fmt.code,
-                 _global_scale(global_scale, workspace), swizzled_scales)
+                 _global_scale(global_scale, workspace), swizzled_scales, phase, num_sms)
     if debug:
         _debug_check(workspace, ep_rank, True)
     return recv_counts
@@ -365,6 +368,8 @@ def combine(
     one_gpu_per_rank: bool = False,
     quant_format: Optional[str] = None,
     debug: Optional[bool] = None,
+    num_sms: int = 0,
+    phase: int = 0,
 ) -> torch.Tensor:
     """Sums, for each local token, the partials of the distinct ranks it was sent to.
 
@@ -393,6 +398,8 @@ def combine(
             and equals :func:`flashinfer_a2a.reference.quant.reference_combine_fp8` bit for bit. bf16|fp16,
             ``hidden % 8 == 0``.
         debug: check the error record after an eager call (default ``FLASHINFER_A2A_DEBUG``; slow).
+        num_sms: size the grids for at most this many multiprocessors (0: all).
+        phase: 0 the whole combine; 1 send, 2 receive (:mod:`flashinfer_a2a.split_phase`; always pulled).
 
     Returns:
         ``[num_tokens, hidden]``.
@@ -409,7 +416,7 @@ def combine(
         raise ValueError(f"out must be [num_tokens={num_tokens}, hidden={hidden}], got {tuple(out.shape)}")
     check_combine_format(quant_format, "combine quant_format")
     ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
-                _timeout(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1)
+                _timeout(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1, phase, num_sms)
     _debug_check(workspace, ep_rank, debug)
     return out
 

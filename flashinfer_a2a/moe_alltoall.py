@@ -13,10 +13,11 @@ from .agreement import check_agreement, construction_record
 from .comm import as_communicator
 from .lifecycle import barrier_within
 from .nccl_transport import NcclTransport, check_transport, process_group_of, resolve_transport
+from .split_phase import SplitPhaseMixin
 from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
 
-class MoeAlltoAll:
+class MoeAlltoAll(SplitPhaseMixin):
     """One-sided NVLink dispatch and combine for one expert-parallel group.
 
     Construction is collective (every rank of ``group`` builds it with the same sizes) and ends with a barrier, so a
@@ -58,6 +59,8 @@ class MoeAlltoAll:
         namespace: every MoeAlltoAll of one group and namespace shares one workspace, grown to the largest of their
             sizes (:mod:`flashinfer_a2a.shared_workspace`); give a draft model, or graphs live alongside others,
             a namespace of its own. One dispatch may be pending per shared workspace.
+        num_sms: SM budget: the kernels size their grids as if the GPU had this many multiprocessors (None: all),
+            so compute running beside them (split-phase calls, :mod:`flashinfer_a2a.split_phase`) keeps the rest.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class MoeAlltoAll:
         transport: str = "auto",
         exact: bool = False,
         namespace: str = "default",
+        num_sms: Optional[int] = None,
     ) -> None:
         self.comm = as_communicator(group)
         # Before anything is checked or allocated: every rank raises alike on a difference (and on a bad argument).
@@ -88,8 +92,12 @@ class MoeAlltoAll:
             hidden_size=hidden_size, dtype=dtype, extra_dispatch_bytes_per_token=extra_dispatch_bytes_per_token,
             dispatch_format=dispatch_format, swizzled_scales=swizzled_scales, combine_format=combine_format,
             push_combine=push_combine, dispatch_bytes_per_token=dispatch_bytes_per_token,
-            combine_bytes_per_token=combine_bytes_per_token, transport=transport, exact=exact))
+            combine_bytes_per_token=combine_bytes_per_token, transport=transport, exact=exact,
+            num_sms=num_sms))
         check_transport(transport, exact)
+        if num_sms is not None and (not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 1):
+            raise ValueError(f"num_sms must be None (every multiprocessor) or an int >= 1, got {num_sms!r}")
+        self.num_sms = 0 if num_sms is None else num_sms  # 0: the ops' "every multiprocessor"
         if hidden_size is None and (dispatch_bytes_per_token is None or combine_bytes_per_token is None):
             raise ValueError("MoeAlltoAll needs hidden_size, or both dispatch_bytes_per_token and "
                              "combine_bytes_per_token")
@@ -139,6 +147,11 @@ class MoeAlltoAll:
     metainfo = property(lambda self: self._shared.metainfo)
     _symm = property(lambda self: None if self._shared is None else self._shared.allocation)
     _views = property(lambda self: self._shared.views)
+    # The call order, the pending dispatch and what a split call's receive half needs from its send: one per shared
+    # workspace, whichever layer made the call.
+    _order = property(lambda self: self._shared.order)
+    _pending = property(lambda self: self._shared.pending, lambda self, v: setattr(self._shared, "pending", v))
+    _sent = property(lambda self: self._shared.sent, lambda self, v: setattr(self._shared, "sent", v))
 
     @property
     def ep_rank(self) -> int:
@@ -165,14 +178,8 @@ class MoeAlltoAll:
             return self._nccl.dispatch(topk_ids, payloads, self.config.max_num_tokens if runtime_max_tokens_per_rank
                                        is None else runtime_max_tokens_per_rank, quant_format=quant_format,
                                        global_scale=global_scale, swizzled_scales=swizzled_scales)
-        self._check_alive()
-        self._shared.stream.check("dispatch")
-        if self._shared.pending is not None:
-            raise RuntimeError("MoeAlltoAll.dispatch called twice: call combine for the previous dispatch first")
-        runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
-        if not 0 <= runtime_max <= self.config.max_num_tokens:
-            raise ValueError(f"runtime_max_tokens_per_rank={runtime_max} exceeds max_num_tokens="
-                             f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
+        self._begin("dispatch")
+        runtime_max = self._runtime_max(runtime_max_tokens_per_rank)
         # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
         if self._debug and F.debug_checks_due(True):
             self._check_same_call(runtime_max)
@@ -180,16 +187,25 @@ class MoeAlltoAll:
         if torch.compiler.is_compiling():  # fresh tensors: a traced view or counts tensor must not be kept
             recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
                                       self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
-                                      global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self._debug)
+                                      global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self._debug,
+                                      num_sms=self.num_sms)
         else:  # eager: one counts tensor and cached views, valid (like the views always were) until the next dispatch
             counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
                                        self.num_experts, timeout_s=timeout_s, recv_counts=self._recv_counts,
                                        quant_format=quant_format, global_scale=global_scale,
-                                       swizzled_scales=swizzled_scales, debug=self._debug)
+                                       swizzled_scales=swizzled_scales, debug=self._debug, num_sms=self.num_sms)
             recv = self._recv_views(runtime_max, payloads, quant_format, swizzled_scales)
-        self._shared.pending = (topk_ids.shape[0], runtime_max, counts)
+        self._pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
+        self._order.advance("dispatch")
         return recv, counts
+
+    def _runtime_max(self, runtime_max_tokens_per_rank: Optional[int]) -> int:
+        runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
+        if not 0 <= runtime_max <= self.config.max_num_tokens:
+            raise ValueError(f"runtime_max_tokens_per_rank={runtime_max} exceeds max_num_tokens="
+                             f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
+        return runtime_max
 
     def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor], quant_format: Optional[str],
                     swizzled_scales: bool) -> list[torch.Tensor]:
@@ -219,15 +235,17 @@ class MoeAlltoAll:
         ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
         if self._nccl is not None:
             return self._nccl.combine(partials, *self._combine_row(None, None), out=out, quant_format=quant_format)
-        num_tokens, runtime_max, counts = self._require_pending("combine")
-        self._shared.stream.check("combine")
+        self._begin("combine")
+        num_tokens, runtime_max, counts = self._pending
         given = partials if partials is not None else out  # a row shape given wins over the constructor's
         hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
                            out=out, hidden=hidden, dtype=dtype,
                            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
-                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format, debug=self._debug)
-        self._shared.pending = None
+                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format, debug=self._debug,
+                           num_sms=self.num_sms)
+        self._pending = None
+        self._order.advance("combine")
         return result
 
     def workspace_breakdown(self) -> str:
@@ -275,14 +293,21 @@ class MoeAlltoAll:
         self._shared.stream.rebind(stream)
 
     def _check_alive(self) -> None:
+        if self._nccl is not None:
+            raise NotImplementedError("split-phase calls and bind_stream need transport='nvlink'")
         if self._symm is None:
             raise RuntimeError("this MoeAlltoAll was destroyed: build a new one (its workspace is freed)")
 
+    def _begin(self, call: str) -> None:
+        """Checks before a step launches: the instance lives, the step runs on the bound stream, in order."""
+        self._check_alive()
+        self._shared.stream.check(call)
+        self._order.check(call)
+
     def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
         self._check_alive()
-        if self._shared.pending is None:
-            raise RuntimeError(f"MoeAlltoAll.{what} called without a pending dispatch: call dispatch first")
-        return self._shared.pending
+        self._order.check(what)
+        return self._pending
 
     def _combine_row(self, hidden: Optional[int], dtype: Optional[torch.dtype]) -> tuple[int, torch.dtype]:
         dtype = self.dtype if dtype is None else dtype

@@ -146,43 +146,62 @@ def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
 @register(
     "dispatch(Tensor(a!) workspace, Tensor topk_ids, Tensor[] payloads, Tensor(b!) recv_counts, int ep_rank, "
     f"{_SIZES}, SymInt runtime_max_tokens_per_rank, int num_experts, float timeout_s, int quant_format=0, "
-    "Tensor? global_scale=None, bool swizzled_scales=False) -> ()",
+    "Tensor? global_scale=None, bool swizzled_scales=False, int phase=0, int num_sms=0) -> ()",
     dispatch_key="CUDA",
 )
 def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
              dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts, timeout_s,
-             quant_format=0, global_scale=None, swizzled_scales=False):
+             quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0):
     get_a2a_module().dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens,
                               top_k, dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank,
-                              num_experts, timeout_s, quant_format, global_scale, swizzled_scales)
+                              num_experts, timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms)
 
 
 @dispatch.register_fake
 def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
                    dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts,
-                   timeout_s, quant_format=0, global_scale=None, swizzled_scales=False):
+                   timeout_s, quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0):
     sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
+    _check.check_split_args("dispatch", phase, ("send and receive", "send only"), num_sms)
     _check.check_dispatch_args(workspace, topk_ids, payloads, recv_counts, ep_rank, sizes,
                                runtime_max_tokens_per_rank, num_experts, timeout_s, quant_format, global_scale)
 
 
+# The receive half of a dispatch sent with phase=1 (flashinfer_a2a.split_phase): one block waits for the peers'
+# counts. recv_counts is its output; the workspace is written too (its error record).
+@register(f"dispatch_recv(Tensor(a!) workspace, Tensor(b!) recv_counts, int ep_rank, {_SIZES}, "
+          "int runtime_max_tokens_per_rank, float timeout_s) -> ()", dispatch_key="CUDA")
+def dispatch_recv(workspace, recv_counts, ep_rank, *sizes_and_args):
+    get_a2a_module().dispatch_recv(workspace, recv_counts, ep_rank, *sizes_and_args)
+
+
+@dispatch_recv.register_fake
+def _dispatch_recv_fake(workspace, recv_counts, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
+                        combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s):
+    sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
+    _check.check_dispatch_recv_args(workspace, recv_counts, ep_rank, sizes, runtime_max_tokens_per_rank, timeout_s)
+
+
 @register(
     "combine(Tensor(a!) workspace, Tensor? partials, Tensor recv_counts, Tensor(b!) out, int ep_rank, "
-    f"{_SIZES}, SymInt runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank, int quant_format=0) -> ()",
+    f"{_SIZES}, SymInt runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank, int quant_format=0, "
+    "int phase=0, int num_sms=0) -> ()",
     dispatch_key="CUDA",
 )
 def combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
-            combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s, one_gpu_per_rank, quant_format=0):
+            combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s, one_gpu_per_rank, quant_format=0,
+            phase=0, num_sms=0):
     get_a2a_module().combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k,
                              dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s,
-                             one_gpu_per_rank, quant_format)
+                             one_gpu_per_rank, quant_format, phase, num_sms)
 
 
 @combine.register_fake
 def _combine_fake(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k,
                   dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s,
-                  one_gpu_per_rank, quant_format=0):
+                  one_gpu_per_rank, quant_format=0, phase=0, num_sms=0):
     sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
+    _check.check_split_args("combine", phase, ("send and receive", "send", "receive"), num_sms)
     _check.check_combine_args(workspace, partials, recv_counts, out, ep_rank, sizes, runtime_max_tokens_per_rank,
                               timeout_s, quant_format)
 

@@ -27,6 +27,7 @@ from . import functional as F
 from .comm import Communicator
 from .lifecycle import StreamBinding, barrier_within, release_workspace
 from .sizing import union
+from .split_phase import CallOrder
 from .symm_mem import SymmetricWorkspace
 
 
@@ -44,6 +45,10 @@ class SharedWorkspace:
         self.metainfo: Optional[torch.Tensor] = None
         #: (num_tokens, runtime_max, recv_counts) of the dispatch awaiting its combine, whichever layer made it.
         self.pending: Optional[tuple[int, int, torch.Tensor]] = None
+        #: the calls' order (dispatch or its halves, then combine or its halves), and what a split call's receive
+        #: half needs from its send.
+        self.order = CallOrder()
+        self.sent: Optional[tuple] = None
         #: receive views by call shape; cleared when the workspace moves.
         self.views: dict[tuple, list[torch.Tensor]] = {}
         self.users = 0
@@ -116,7 +121,8 @@ class SharedWorkspace:
         if self.allocation is None:
             return
         release_workspace(self._free, self.comm, self.tensor.device, self.timeout_s)
-        self.config = self.metainfo = self.pending = None
+        self.config = self.metainfo = self.pending = self.sent = None
+        self.order.reset()
 
 
 _REGISTRY: dict[tuple, SharedWorkspace] = {}

@@ -57,6 +57,25 @@ def _check_timeout(timeout_s: float) -> None:
         raise ValueError(f"timeout_s must be in (0, 1e6) seconds, got {timeout_s}")
 
 
+def check_split_args(op: str, phase: int, phases: Sequence[str], num_sms: int) -> None:
+    """The split-phase selector and the SM budget, as the C++ entries check them (``phases[i]`` names phase i)."""
+    if not 0 <= phase < len(phases):
+        named = ", ".join(f"{i} ({name})" for i, name in enumerate(phases))
+        raise ValueError(f"{op} phase must be one of {named}, got {phase}")
+    if num_sms < 0:
+        raise ValueError(f"num_sms must be >= 0 (0: every multiprocessor), got {num_sms}")
+
+
+def check_dispatch_recv_args(workspace: torch.Tensor, recv_counts: torch.Tensor, ep_rank: int, sizes: Sequence[int],
+                             runtime_max: int, timeout_s: float) -> None:
+    """What the ``dispatch_recv`` entry checks."""
+    check_sizes(*sizes)
+    _check_workspace(workspace, ep_rank, sizes[0])
+    _check_counts(recv_counts, sizes[0])
+    _check_runtime_max(runtime_max, sizes[1])
+    _check_timeout(timeout_s)
+
+
 def check_initialize_args(workspace: torch.Tensor, metainfo: torch.Tensor, ep_rank: int, sizes: Sequence[int]) -> None:
     check_sizes(*sizes)
     _check_workspace(workspace, ep_rank, sizes[0])

@@ -68,7 +68,7 @@ def main() -> None:
         print(f"{tokens} tokens: MoeAlltoAll.dispatch {statistics.median(host['dispatch']) / 1e3:.2f} us, "
               f"combine {statistics.median(host['combine']) / 1e3:.2f} us, eager pair back to back {wall:.2f} us")
         # The layers under dispatch, called as MoeAlltoAll calls them (each call a dispatch of its own).
-        args = (workspace, ids, payloads, counts, 0, *config.sizes(), MAX_TOKENS, EXPERTS, 10.0, 0, None, False)
+        args = (workspace, ids, payloads, counts, 0, *config.sizes(), MAX_TOKENS, EXPERTS, 10.0, 0, None, False, 0, 0)
         layers = {
             "functional.launch_dispatch": lambda: F.launch_dispatch(workspace, 0, config, ids, payloads, MAX_TOKENS,
                                                                     EXPERTS, recv_counts=counts, timeout_s=10.0,

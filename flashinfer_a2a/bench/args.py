@@ -52,6 +52,8 @@ class BenchArgs:
     seed: int
     quiet: bool
     transport: str = "nvlink"
+    num_sms: tuple[int, ...] = ()  # SM budgets timed besides the whole GPU (rows a2a-sm<N>)
+    overlap: bool = False  # time the dual-batch overlap study (flashinfer_a2a.bench.overlap) instead
 
 
 def _positive_int(text: str) -> int:
@@ -126,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--transport", choices=TRANSPORTS, default="nvlink",
                         help="MoeAlltoAll's transport for our rows: nvlink (one-sided) or nccl (the NCCL process "
                         "group's collectives; one process per GPU); default %(default)s")
+    parser.add_argument("--num-sms", nargs="+", type=_list_of(_positive_int), metavar="N",
+                        help="SM budgets (MoeAlltoAll num_sms) timed as rows a2a-sm<N> besides the whole GPU")
+    parser.add_argument("--overlap", action="store_true",
+                        help="time dual-batch overlap instead: two micro-batches on two workspaces, a bf16 GEMM of "
+                             "[tokens, hidden] x [hidden, 2048] between each send and its receive; reports a2a alone, "
+                             "GEMM alone and both interleaved")
     return parser
 
 
@@ -161,4 +169,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         seed=ns.seed,
         quiet=ns.quiet,
         transport=ns.transport,
+        num_sms=_flatten(ns.num_sms, ()),
+        overlap=ns.overlap,
     )

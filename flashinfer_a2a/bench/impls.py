@@ -64,20 +64,24 @@ class Variant:
 
     kind: str = "plain"
     fmt: Optional[str] = None
+    num_sms: int = 0  # SM budget (0: the whole GPU)
 
     @property
     def name(self) -> str:
         if self.fmt is None:
-            return "a2a" if self.kind == "plain" else f"a2a-{self.kind}"
-        return f"{self.fmt.replace('_block', '')}-{self.kind}"
+            base = "a2a" if self.kind == "plain" else f"a2a-{self.kind}"
+        else:
+            base = f"{self.fmt.replace('_block', '')}-{self.kind}"
+        return f"{base}-sm{self.num_sms}" if self.num_sms else base
 
 
 def variants(args: BenchArgs, dtype: torch.dtype, simulated: bool = False) -> list[Variant]:
     """Plain (and, with a GPU per rank, plain with the combine pushed), then fused and pre for each ``--quant``
-    format (quantization takes bf16|fp16 hidden states)."""
+    format (quantization takes bf16|fp16 hidden states), then plain under each ``--num-sms`` budget."""
     quantizable = dtype in (torch.bfloat16, torch.float16)
     push = not simulated and args.transport == "nvlink"  # the nccl transport has no pushed combine
-    return ([Variant()] + ([Variant("push")] if push else []) +
+    budgets = [Variant(num_sms=n) for n in args.num_sms] if args.transport == "nvlink" else []
+    return ([Variant()] + budgets + ([Variant("push")] if push else []) +
             [Variant(kind, fmt) for fmt in (args.quant_formats if quantizable else ()) for kind in ("fused", "pre")])
 
 
@@ -152,7 +156,7 @@ class A2A:
                                    dispatch_format=variant.fmt,
                                    combine_format="fp8_block" if variant.kind == "fused" else None,
                                    push_combine=variant.kind == "push",
-                                   device=session.device.index)
+                                   device=session.device.index, num_sms=variant.num_sms or None)
             self.sim = None
 
     def steps(self, case: Case) -> list[RankSteps]:
@@ -204,14 +208,21 @@ class A2A:
             moe = self.moe
             return RankSteps(lambda: moe.dispatch(ids_dev, payloads, tokens, **dispatch_kw),
                              lambda: moe.combine(partials, **combine_kw))
-        sim, counts = self.sim, {}
+        # Simulated ranks run the path MoeAlltoAll runs (an engine's): a counts tensor and receive views made once,
+        # not per call as the functional dispatch does (building the views costs more host time than the launch).
+        sim, num_sms = self.sim, variant.num_sms
+        counts = torch.empty(sim.ep_size, dtype=torch.int32, device=device)
+        views = F.recv_views(sim.workspace, rank, sim.config, tokens, payloads,
+                             quant_format=dispatch_kw.get("quant_format"))
 
         def dispatch():
-            counts[rank] = F.dispatch(sim.workspace, rank, sim.config, ids_dev, payloads, tokens, self.num_experts,
-                                      **dispatch_kw)[1]
+            F.launch_dispatch(sim.workspace, rank, sim.config, ids_dev, payloads, tokens, self.num_experts,
+                              recv_counts=counts, num_sms=num_sms, **dispatch_kw)
+            return list(views), counts
 
         def combine():
-            F.combine(sim.workspace, rank, sim.config, counts[rank], tokens, tokens, partials, **combine_kw)
+            F.combine(sim.workspace, rank, sim.config, counts, tokens, tokens, partials, num_sms=num_sms,
+                      **combine_kw)
 
         return RankSteps(dispatch, combine, sim.streams[rank])
 

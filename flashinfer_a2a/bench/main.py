@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
+import os
 import sys
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -116,6 +118,24 @@ def _meta(args: BenchArgs, session: Session, argv: Sequence[str]) -> dict[str, A
     }
 
 
+def _main_overlap(args: BenchArgs, session: Session, progress: Callable[[str], None], argv: Sequence[str]) -> int:
+    """``--overlap``: the dual-batch overlap study (flashinfer_a2a.bench.overlap) instead of the table."""
+    from .overlap import format_overlap_table, run_overlap
+
+    try:
+        records = run_overlap(args, session, progress)
+        meta = _meta(args, session, argv)
+    finally:
+        session.close()
+    if session.is_root:
+        print(format_overlap_table(meta, records))
+        json_path = os.path.join(os.path.dirname(output_paths(args.output_dir)[0]), "overlap.json")
+        with open(json_path, "w") as f:
+            json.dump({"meta": meta, "overlap": records}, f, indent=1)
+        print(f"wrote {json_path}")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -125,6 +145,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     session = start(args.sim_ranks)
     progress = (lambda text: None) if args.quiet or not session.is_root else (
         lambda text: print(text, file=sys.stderr, flush=True))
+    if args.overlap:
+        return _main_overlap(args, session, progress, argv)
     plan = [(dtype, tokens, routing) for dtype in args.dtypes for tokens in args.tokens for routing in args.routings]
     cases: list[dict[str, Any]] = []
     start_time = time.monotonic()

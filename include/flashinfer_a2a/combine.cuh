@@ -38,14 +38,21 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
   }
 }
 
+// Split phase: a send runs the copy and the publish and advances the epoch; a receive runs this kernel as one block
+// that only waits for the peers (of the epoch its send advanced to) before the pull kernel.
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
+  const bool sends = p.phase != CombinePhase::kRecv, waits = p.phase != CombinePhase::kSend;
   const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
-  const uint32_t epoch = start.epoch;
+  const uint32_t epoch = sends ? start.epoch : start.epoch - 1;
   if (start.fatal) return;  // set by earlier kernels only: all blocks agree
 
+  if (!sends) {
+    WaitCombinePeers(p, meta, epoch);
+    return;
+  }
   if (p.fp8_wire) {
     __shared__ float s_scales[kCombineWarps][kFp8WireMaxCols];
     if (p.fp16) {
@@ -65,7 +72,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
 
   if (!ArriveLastBlock(&meta->blocks_done)) return;
   PublishCombineEpoch(p, epoch);
-  WaitCombinePeers(p, meta, epoch);
+  if (waits) WaitCombinePeers(p, meta, epoch);
   __syncthreads();
   if (threadIdx.x == 0) {
     meta->blocks_done = 0;
@@ -188,8 +195,11 @@ struct PullPreloader {
 
 // pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. one_gpu_per_rank: no two
 // ranks share a GPU, so a zero-copy combine may run as one kernel whose blocks all wait for the peers.
+// A split combine (phase kSend or kRecv) is the pulled two-kernel combine cut after the publish: the caller never
+// sets push for it, and the one-kernel combine is not used.
 inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
                                  bool one_gpu_per_rank, cudaStream_t stream) {
+  const bool split = p.phase != CombinePhase::kBoth;
   if (p.push && p.fp8_wire) {
     return p.fp16 ? LaunchPush<Fp8Wire<__half>>(p, num_sms, stream)
                   : LaunchPush<Fp8Wire<__nv_bfloat16>>(p, num_sms, stream);
@@ -202,7 +212,7 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
       1, std::min<int64_t>(num_sms * 8, (warps + kCombineWarps - 1) / kCombineWarps)));
   // One kernel only while the pull fits in one wave: a larger grid spends more on every block waiting and counting
   // itself than the second launch costs (measured on 2x H200: 1.9 us saved at 1 token, 1.3 us lost at 1024).
-  if (one_gpu_per_rank && p.input == nullptr && !p.fp8_wire && pull_blocks <= num_sms) {
+  if (!split && one_gpu_per_rank && p.input == nullptr && !p.fp8_wire && pull_blocks <= num_sms) {
     return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, true, stream});
   }
   // Zero copy needs one block (the signal); a copy gets a warp per row (per piece of a row when quantizing from a
@@ -211,9 +221,10 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
                         (p.fp8_wire && p.input != nullptr ? (p.hidden + kQuantPieceElems - 1) / kQuantPieceElems : 1);
   const int64_t copy_blocks = std::min<int64_t>(num_sms * 2, (items + kCombineWarps - 1) / kCombineWarps);
   const bool copies = p.input != nullptr || p.fp8_wire;
-  const int publish_blocks = copies ? static_cast<int>(std::max<int64_t>(copy_blocks, 1)) : 1;
+  const int publish_blocks =
+      copies && p.phase != CombinePhase::kRecv ? static_cast<int>(std::max<int64_t>(copy_blocks, 1)) : 1;
   const cudaError_t err = LaunchAfterPrior(CombinePublishKernel, publish_blocks, kCombineThreads, stream, p);
-  if (err != cudaSuccess || p.num_tokens == 0) return err;
+  if (err != cudaSuccess || p.num_tokens == 0 || p.phase == CombinePhase::kSend) return err;
   if (p.fp8_wire) {
     return LaunchAfterPrior(p.fp16 ? CombinePullFp8Kernel<__half> : CombinePullFp8Kernel<__nv_bfloat16>, pull_blocks,
                             kCombineThreads, stream, p);

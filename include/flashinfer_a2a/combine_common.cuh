@@ -15,8 +15,13 @@ constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int kReduceChunkBytes = 4096;  // output bytes of one reduce item of the pushed combine
 
+// What one combine launch sequence does: all of it, the send (copy and publish this rank's partials, no wait) or the
+// receive (wait for the peers' partials, then sum). Values are shared with Python (flashinfer_a2a.split_phase).
+enum class CombinePhase : int32_t { kBoth = 0, kSend = 1, kRecv = 2 };
+
 struct CombineParams {
   Ranks ranks;
+  CombinePhase phase;
   int32_t num_tokens;   // local tokens of the matching dispatch
   int32_t runtime_max;  // runtime_max_tokens_per_rank of the matching dispatch
   int32_t route_stride; // columns of the routing record

@@ -12,6 +12,9 @@
 //     count with a system-scope release, then waits — bounded — for every peer's count for this epoch.
 // Only one block per rank ever spins, so ranks simulated on one GPU (each on its own stream) cannot starve each
 // other of multiprocessors.
+// Split phase (DispatchPhase): the send kernel stops after step 3's publish, and advances the epoch; the receive is a
+// kernel of one block (DispatchRecvKernel) that waits for the peers' counts of that epoch. Between the two the
+// stream is free for other work, and nothing of this dispatch holds a multiprocessor.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,8 +45,13 @@ __host__ __device__ constexpr int32_t CopyVecBytes(int32_t vec_bytes) {
   return vec_bytes >= 16 ? 16 : vec_bytes >= 4 ? 4 : 1;
 }
 
+// What one launch does: the whole dispatch, or one of its halves (send: steps 1-3 up to the publish; receive: the
+// wait for the peers' counts). Values are shared with Python (flashinfer_a2a.split_phase).
+enum class DispatchPhase : int32_t { kBoth = 0, kSend = 1, kRecv = 2 };
+
 struct DispatchParams {
   Ranks ranks;
+  DispatchPhase phase;  // kBoth or kSend: DispatchKernel; kRecv: DispatchRecvKernel
   int32_t num_tokens;   // local tokens, <= runtime_max
   int32_t runtime_max;  // runtime_max_tokens_per_rank: rows per source block on the receiver
   int32_t top_k;        // columns of topk_ids
@@ -238,6 +246,37 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   }
 }
 
+// Waits (bounded) for every peer's dispatch signal of `epoch` and writes the counts, zero for a peer that timed out
+// or disagrees on runtime_max or on the call's layout (recorded in the error word). `call_layout` is this rank's.
+__device__ __forceinline__ void ReceiveDispatchCounts(const DispatchParams& p, RankMetadata* meta, uint32_t epoch,
+                                                      uint64_t call_layout) {
+  for (int src = threadIdx.x; src < p.ranks.ep_size; src += kDispatchThreads) {
+    uint64_t signal = 0;
+    const bool arrived = WaitUntil(
+        [&] {
+          signal = LoadAcquireSys(&meta->dispatch_signal[src]);
+          return EpochReached(static_cast<uint32_t>(signal >> 32), epoch);
+        },
+        p.timeout_ns);
+    int32_t count = 0;
+    if (!arrived) {
+      RecordError(meta, ErrorCode::kTimeout, Phase::kDispatch, src, epoch, 0);
+    } else {
+      const int32_t peer_max = *reinterpret_cast<volatile int32_t*>(&meta->peer_runtime_max[src]);
+      const uint64_t peer_layout = *reinterpret_cast<volatile uint64_t*>(&meta->peer_call_layout[src]);
+      if (peer_max != p.runtime_max) {
+        RecordError(meta, ErrorCode::kRuntimeMaxMismatch, Phase::kDispatch, src, epoch, peer_max);
+      } else if (peer_layout != call_layout) {  // its rows sit at other offsets or hold other types: count 0
+        RecordError(meta, ErrorCode::kCallLayoutMismatch, Phase::kDispatch, src, epoch,
+                    static_cast<int64_t>(peer_layout ^ call_layout));
+      } else {
+        count = static_cast<int32_t>(signal & 0xffffffffu);
+      }
+    }
+    p.recv_counts[src] = count;
+  }
+}
+
 // F: the format payload 0 is quantized into (kNone: every payload copied). One kernel per format, so the plain
 // copy keeps its registers free of the quantizing paths'. kGroupSmall: small payloads are copied in groups of tokens
 // (num_small > 0); the kernel without it is the one short calls run, with none of that code to fetch.
@@ -304,7 +343,7 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
     }
   }
 
-  // Step 3: the last block publishes counts and waits for every peer's.
+  // Step 3: the last block publishes counts and waits for every peer's (a send publishes only).
   if (!ArriveLastBlock(&meta->blocks_done)) return;
   for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
     const uint32_t count = *reinterpret_cast<volatile int32_t*>(&meta->send_counts[r]);
@@ -313,36 +352,26 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
     *reinterpret_cast<volatile uint64_t*>(&peer->peer_call_layout[p.ranks.ep_rank]) = p.call_layout;
     StoreReleaseSys(&peer->dispatch_signal[p.ranks.ep_rank], (static_cast<uint64_t>(epoch) << 32) | count);
   }
-  for (int src = threadIdx.x; src < ep_size; src += kDispatchThreads) {
-    uint64_t signal = 0;
-    const bool arrived = WaitUntil(
-        [&] {
-          signal = LoadAcquireSys(&meta->dispatch_signal[src]);
-          return EpochReached(static_cast<uint32_t>(signal >> 32), epoch);
-        },
-        p.timeout_ns);
-    int32_t count = 0;
-    if (!arrived) {
-      RecordError(meta, ErrorCode::kTimeout, Phase::kDispatch, src, epoch, 0);
-    } else {
-      const int32_t peer_max = *reinterpret_cast<volatile int32_t*>(&meta->peer_runtime_max[src]);
-      const uint64_t peer_layout = *reinterpret_cast<volatile uint64_t*>(&meta->peer_call_layout[src]);
-      if (peer_max != p.runtime_max) {
-        RecordError(meta, ErrorCode::kRuntimeMaxMismatch, Phase::kDispatch, src, epoch, peer_max);
-      } else if (peer_layout != p.call_layout) {  // its rows sit at other offsets or hold other types: count 0
-        RecordError(meta, ErrorCode::kCallLayoutMismatch, Phase::kDispatch, src, epoch,
-                    static_cast<int64_t>(peer_layout ^ p.call_layout));
-      } else {
-        count = static_cast<int32_t>(signal & 0xffffffffu);
-      }
-    }
-    p.recv_counts[src] = count;
-  }
+  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);
   __syncthreads();
   if (threadIdx.x == 0) {
     meta->blocks_done = 0;
     meta->dispatch_epoch = epoch;
   }
+}
+
+// The receive half of a split dispatch: one block waits for every peer's count of the epoch the send advanced to.
+__global__ void __launch_bounds__(kDispatchThreads) DispatchRecvKernel(const __grid_constant__ DispatchParams p) {
+  WaitPriorKernels();
+  RankMetadata* meta = p.ranks.MyMeta();
+  const KernelStart start = ReadKernelStart(meta, &meta->dispatch_epoch);
+  if (start.fatal) {
+    for (int r = threadIdx.x; r < p.ranks.ep_size; r += kDispatchThreads) p.recv_counts[r] = 0;
+    return;
+  }
+  // The send already counted itself, and published its call layout to every rank, this one included.
+  const uint64_t own_layout = *reinterpret_cast<volatile uint64_t*>(&meta->peer_call_layout[p.ranks.ep_rank]);
+  ReceiveDispatchCounts(p, meta, start.epoch - 1, own_layout);
 }
 
 // The most blocks a dispatch into format f runs: DispatchBlocksPerSm(f) per multiprocessor.
@@ -376,6 +405,7 @@ auto DispatchKernelFor(bool ids_int64, QuantFormat f) {
 }
 
 inline cudaError_t LaunchDispatch(const DispatchParams& p, bool ids_int64, int max_blocks, cudaStream_t stream) {
+  if (p.phase == DispatchPhase::kRecv) return LaunchAfterPrior(DispatchRecvKernel, 1, kDispatchThreads, stream, p);
   const int blocks = DispatchGridSize(p.num_tokens, max_blocks);
   const auto kernel = p.num_small > 0 ? DispatchKernelFor<true>(ids_int64, p.quant.format)
                                       : DispatchKernelFor<false>(ids_int64, p.quant.format);
@@ -384,7 +414,7 @@ inline cudaError_t LaunchDispatch(const DispatchParams& p, bool ids_int64, int m
 
 inline cudaError_t GetDispatchKernelAttributes() {
   cudaFuncAttributes attr;
-  cudaError_t err = cudaSuccess;
+  cudaError_t err = cudaFuncGetAttributes(&attr, DispatchRecvKernel);
   for (QuantFormat f : {QuantFormat::kNone, QuantFormat::kFp8Block, QuantFormat::kMxfp8, QuantFormat::kNvfp4}) {
     for (bool ids_int64 : {false, true}) {
       if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, DispatchKernelFor<false>(ids_int64, f));
