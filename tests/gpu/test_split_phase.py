@@ -157,7 +157,8 @@ def test_split_calls_equal_whole_calls(dispatch_quant, combine_quant, num_sms):
     ep_size, runtime_max = 2, 96
     tokens = (96, 33)
     config = fa.WorkspaceConfig(ep_size=ep_size, max_num_tokens=runtime_max,
-                                dispatch_bytes_per_token=HIDDEN * 2 + TOP_K * 4, combine_bytes_per_token=HIDDEN * 2 + 128, top_k=TOP_K)
+                                dispatch_bytes_per_token=HIDDEN * 2 + TOP_K * 4,
+                                combine_bytes_per_token=HIDDEN * 2 + 128, top_k=TOP_K)
     sim = SimulatedRanks(config)
     batch = _batch(tokens, gen)
     kw = dict(quant_format=dispatch_quant)
