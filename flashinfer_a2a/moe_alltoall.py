@@ -305,8 +305,9 @@ class MoeAlltoAll(SplitPhaseMixin):
         self._order.check(call)
 
     def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
+        """The received dispatch that a step named ``what`` works on (it needs what combine_input needs)."""
         self._check_alive()
-        self._order.check(what)
+        self._order.check("combine_input", what)
         return self._pending
 
     def _combine_row(self, hidden: Optional[int], dtype: Optional[torch.dtype]) -> tuple[int, torch.dtype]:

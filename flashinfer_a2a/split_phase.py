@@ -157,9 +157,10 @@ class CallOrder:
         self.owner = owner
         self.state = self.IDLE
 
-    def check(self, call: str) -> None:
+    def check(self, call: str, name: Optional[str] = None) -> None:
+        """``name``: what the error calls the step (default ``call``), for steps that need what ``call`` needs."""
         if self.state != self._MOVES[call][0]:
-            raise RuntimeError(f"{self.owner}.{call} {self._HINTS[self.state]}")
+            raise RuntimeError(f"{self.owner}.{name or call} {self._HINTS[self.state]}")
 
     def advance(self, call: str) -> None:
         self.check(call)

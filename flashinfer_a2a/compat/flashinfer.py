@@ -149,7 +149,8 @@ class MoeAlltoAll:
         self._a2a = _NativeMoeAlltoAll(comm, max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
                                        hidden_size=hidden_size, dispatch_bytes_per_token=dispatch_bytes,
                                        combine_bytes_per_token=combine_bytes,
-                                       namespace=f"flashinfer-compat:{workspace_size_per_rank}")
+                                       namespace=f"flashinfer-compat:{workspace_size_per_rank}",
+                                       transport="nvlink")  # FlashInfer's MoeAlltoAll is the one-sided NVLink one
 
     @staticmethod
     def _ep_backend(mapping: Mapping, config: Optional[MnnvlConfig]) -> Any:
