@@ -228,6 +228,7 @@ def dispatch(
     global_scale: Optional[torch.Tensor | float] = None,
     swizzled_scales: bool = False,
     debug: Optional[bool] = None,
+    num_sms: int = 0,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sends each local token to every distinct rank that owns one of its top-k experts.
 
@@ -252,6 +253,7 @@ def dispatch(
             grid per source block: ``[ep_size, ceil(runtime_max / 128) * 128 * ceil(cols / 4) * 4]``; otherwise
             ``[ep_size, runtime_max, cols]`` row-major (``cols = ceil(hidden / block)``). Scales of rows past
             ``recv_counts`` are unspecified; padding columns of valid rows are 0.
+        num_sms: size the grid for at most this many multiprocessors (0: all), leaving the rest to other work.
 
     Returns:
         ``(recv_payloads, recv_counts)``: for each payload a zero-copy view ``[ep_size, runtime_max, ...]`` of the
@@ -260,7 +262,8 @@ def dispatch(
     """
     recv_counts = launch_dispatch(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
                                   num_experts, timeout_s=timeout_s, quant_format=quant_format,
-                                  global_scale=global_scale, swizzled_scales=swizzled_scales, debug=debug)
+                                  global_scale=global_scale, swizzled_scales=swizzled_scales, debug=debug,
+                                  num_sms=num_sms)
     views = recv_views(workspace, ep_rank, config, runtime_max_tokens_per_rank, payloads, quant_format=quant_format,
                        swizzled_scales=swizzled_scales)
     return views, recv_counts

@@ -240,17 +240,18 @@ def test_cuda_graph_of_interleaved_step_replays_like_eager():
             fa.check_error(sim.workspace, r)
 
 
-def test_compile_fullgraph_split_step_matches_eager(monkeypatch):
+def test_compile_fullgraph_split_step_matches_eager():
     """The interleaved step compiled whole by inductor, as the existing whole-call layer is: the receive views are
     taken after the receives and the partials are tensors, the shape of graph whose workspace mutations inductor
     keeps in place (a backend that keeps functionalization's copies, such as aot_eager, would run the ops on a
-    private copy of the workspace, which no peer sees)."""
+    private copy of the workspace, which no peer sees).
+
+    One rank: simulated ranks driven from one thread cannot run a compiled step, whose first call loads its Triton
+    kernels (a device synchronization) while its receive waits for a rank not launched yet. The bitwise checks of
+    several ranks are the eager tests above; this one checks what compiling changes."""
     _load_torch_kernels()
-    # Rank 1's call may recompile (a new rank number) while rank 0's receive already spins: a bound that outlasts
-    # a compilation.
-    monkeypatch.setenv("FLASHINFER_A2A_TIMEOUT_S", "300")
     gen = torch.Generator().manual_seed(torch.seed())
-    ep_size, tokens, runtime_max = 2, (16, 9), 16
+    ep_size, tokens, runtime_max = 1, (13,), 16
     config = _config(ep_size, runtime_max)
     sim_a, sim_b = SimulatedRanks(config), SimulatedRanks(config)
 
