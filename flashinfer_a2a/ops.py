@@ -168,23 +168,25 @@ def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size,
 
 @register(
     "combine(Tensor(a!) workspace, Tensor? partials, Tensor recv_counts, Tensor(b!) out, int ep_rank, "
-    f"{_SIZES}, int runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank, int quant_format=0) -> ()",
+    f"{_SIZES}, int runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank, int quant_format=0, "
+    "int combine_mode=0) -> ()",
     dispatch_key="CUDA",
 )
 def combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
-            combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s, one_gpu_per_rank, quant_format=0):
+            combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s, one_gpu_per_rank, quant_format=0,
+            combine_mode=0):
     get_a2a_module().combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k,
                              dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s,
-                             one_gpu_per_rank, quant_format)
+                             one_gpu_per_rank, quant_format, combine_mode)
 
 
 @combine.register_fake
 def _combine_fake(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k,
                   dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s,
-                  one_gpu_per_rank, quant_format=0):
+                  one_gpu_per_rank, quant_format=0, combine_mode=0):
     sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
     _check.check_combine_args(workspace, partials, recv_counts, out, ep_rank, sizes, runtime_max_tokens_per_rank,
-                              timeout_s, quant_format)
+                              timeout_s, quant_format, one_gpu_per_rank, combine_mode)
 
 
 @register("sanitize_expert_ids(Tensor(a!) recv_topk_ids, Tensor recv_counts, int invalid_id) -> ()", "CUDA")
