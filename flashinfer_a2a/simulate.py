@@ -21,9 +21,10 @@ T = TypeVar("T")
 def check_stream_queues(ep_size: int) -> None:
     """ValueError unless CUDA has a hardware work queue for each rank's stream and one for the launching stream.
 
-    CUDA maps streams and graph branches onto ``CUDA_DEVICE_MAX_CONNECTIONS`` queues (8 by default); two ranks on
-    one queue run one after the other, so the first waits for the second until it times out (measured on H100 with
-    one queue: every simulated dispatch of 2 and 4 ranks, eager or replayed, times out; with 32 all pass).
+    CUDA maps streams and graph branches onto ``CUDA_DEVICE_MAX_CONNECTIONS`` queues (8 by default) and promises no
+    concurrency between work that shares one; a rank queued behind a peer that waits for it can only time out.
+    Checked before anything is allocated; the value is the environment's now, which is what CUDA read if it has not
+    initialized yet.
     """
     queues = _config.cuda_device_max_connections()
     if ep_size + 1 > queues:

@@ -7,6 +7,7 @@ import torch
 
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
+from flashinfer_a2a.functional import empty_workspace
 from flashinfer_a2a.simulate import SimulatedRanks
 
 HIDDEN, TOP_K, EXPERTS, TOKENS = 256, 4, 8, 32
@@ -50,7 +51,7 @@ def test_room_for_a_push_still_pulls():
     sim, tokens, counts, partials, want = _round(4 * HIDDEN * 2, gen)
     got = sim.combine(counts, tokens, TOKENS, [p.cuda() for p in partials], timeout_s=2.0, one_gpu_per_rank=True)
     torch.cuda.synchronize()
-    meta = fa.initialize(fa.empty_workspace(2, sim.config.bytes_per_rank, "cpu"), 0, sim.config)
+    meta = fa.initialize(empty_workspace(2, sim.config.bytes_per_rank, "cpu"), 0, sim.config)
     at = int(meta[fa.get_metainfo_index_pairs()["push_flags_offset"]])
     for rank in range(2):
         fa.check_error(sim.workspace, rank)
