@@ -96,3 +96,23 @@ def test_moe_alltoall_pushes_only_where_asked(push_combine, combine_format, one_
     assert {wire: a2a.combine_mode(wire) for wire in want} == want
     with pytest.raises(ValueError, match="combine quant_format must be None or 'fp8_block', got 'nvfp4'"):
         a2a.combine_mode("nvfp4")
+
+
+@pytest.mark.parametrize("combine_bytes, refused", [(PUSH_ROOM, False), (PUSH_ROOM - 16, True)])
+def test_a_pushed_combine_traces_fullgraph_and_is_checked_at_trace_time(combine_bytes, refused):
+    config = _config(combine_bytes)
+
+    def layer(workspace, counts, partials):
+        return fa.combine(workspace, 0, config, counts, 10, 16, partials, one_gpu_per_rank=True, combine_mode="push")
+
+    workspace = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8, device="meta")
+    counts = torch.empty(2, dtype=torch.int32, device="meta")
+    partials = torch.empty(2, 16, HIDDEN, dtype=torch.bfloat16, device="meta")
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    if refused:
+        with pytest.raises(Exception, match=rf"needs combine_bytes_per_token >= {PUSH_ROOM}"):
+            compiled(workspace, counts, partials)
+    else:
+        out = compiled(workspace, counts, partials)
+        assert out.shape == (10, HIDDEN) and out.dtype == torch.bfloat16
