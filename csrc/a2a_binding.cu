@@ -39,7 +39,8 @@ void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank,
 void Combine(TensorView workspace, Optional<Tensor> partials, TensorView recv_counts, TensorView out,
              int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-             double timeout_s, bool one_gpu_per_rank, int64_t quant_format, int64_t phase, int64_t num_sms);
+             double timeout_s, bool one_gpu_per_rank, int64_t quant_format, int64_t combine_mode, int64_t phase,
+             int64_t num_sms);
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id);
 
 }  // namespace flashinfer_a2a

@@ -37,8 +37,9 @@ void CheckRecvCounts(const TensorView& recv_counts, const TensorView& workspace,
 void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials, TensorView recv_counts,
              TensorView out, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
-             double timeout_s, bool one_gpu_per_rank, int64_t quant_format, int64_t phase, int64_t num_sms) {
-  TVM_FFI_CHECK(phase >= 0 && phase <= 2, ValueError)
+             double timeout_s, bool one_gpu_per_rank, int64_t quant_format, int64_t combine_mode, int64_t phase,
+             int64_t num_sms) {
+  A2A_CHECK(phase >= 0 && phase <= 2, ValueError)
       << "combine phase must be 0 (send and receive), 1 (send) or 2 (receive), got " << phase;
   CheckSmBudget(num_sms);
   const WorkspaceConfig config =
@@ -61,6 +62,11 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
       << "combine rows of hidden=" << hidden << " need " << row_bytes
       << " bytes, the workspace was sized for combine_bytes_per_token=" << combine_bytes_per_token;
   const uint64_t timeout_ns = TimeoutNs(timeout_s);
+  A2A_CHECK(combine_mode == static_cast<int64_t>(CombineMode::kPull) ||
+                combine_mode == static_cast<int64_t>(CombineMode::kPush),
+            ValueError)
+      << "combine_mode must be " << static_cast<int64_t>(CombineMode::kPull) << " (pull) or "
+      << static_cast<int64_t>(CombineMode::kPush) << " (push), got " << combine_mode;
   A2A_CHECK(quant_format == 0 || quant_format == 1, ValueError)
       << "combine quant_format must be 0 (none) or 1 (fp8_block), got " << quant_format;
   const bool fp8_wire = quant_format == 1;
@@ -111,15 +117,26 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   params.fp8_wire = fp8_wire;
   params.fp16 = type == FloatType::kFloat16;
   params.hidden = static_cast<int32_t>(hidden);
-  // The combine is pushed when every rank has a GPU of its own and the workspace was sized for it: a landing row
-  // per token after the partials (wire_formats.push_combine_bytes_per_token). The test is on the per-token size, not
-  // on this call's runtime_max: a call smaller than the workspace must not push into room kept for larger calls, as
-  // the path is the caller's choice, made when sizing. Every rank decides alike, from sizes all ranks share. Landing
-  // rows hold the partials as they are or, over the FP8 wire, FP8 values and scales.
-  const int64_t landing_row_bytes = fp8_wire ? Fp8WireRowBytes(hidden) : row_bytes;
-  // A split combine is always pulled: its send must return before the peers' rows are needed.
+  // The caller chose the algorithm (MoeAlltoAll when sizing its workspace); it is checked here, never switched: a
+  // workspace too small for a push is an error, and a large row in a pulled combine stays pulled. The test is on the
+  // per-token size, not on this call's runtime_max, so every rank decides alike from sizes all ranks share.
   params.phase = static_cast<CombinePhase>(phase);
-  params.push = phase == 0 && one_gpu_per_rank && row_bytes + landing_row_bytes <= combine_bytes_per_token;
+  params.push = combine_mode == static_cast<int64_t>(CombineMode::kPush);
+  if (params.push) {
+    // A split combine is pulled: its send must return before the peers' rows are needed.
+    A2A_CHECK(phase == 0, ValueError) << "combine_mode=" << combine_mode << " (push) cannot be split: phase must be 0, "
+                                      << "got " << phase << "; split combines use combine_mode="
+                                      << static_cast<int64_t>(CombineMode::kPull) << " (pull)";
+    A2A_CHECK(one_gpu_per_rank, ValueError)
+        << "combine_mode=" << combine_mode << " (push) needs one_gpu_per_rank: with ranks sharing a GPU the pushing "
+        << "blocks can hold every multiprocessor a peer on that GPU still needs; use combine_mode="
+        << static_cast<int64_t>(CombineMode::kPull) << " (pull)";
+    const int64_t needed = PushCombineRowBytes(row_bytes, hidden, fp8_wire);
+    A2A_CHECK(needed <= combine_bytes_per_token, ValueError)
+        << "combine_mode=" << combine_mode << " (push) of hidden=" << hidden << (fp8_wire ? " over the FP8 wire" : "")
+        << " needs combine_bytes_per_token >= " << needed << " (the partial and its landing row), the workspace was "
+        << "sized for " << combine_bytes_per_token;
+  }
   params.landing_offset = layout.combine_offset + ep_size * runtime_max_tokens_per_rank * row_bytes;
   params.push_flags_offset = layout.push_flags_offset;
   params.max_num_tokens = static_cast<int32_t>(max_num_tokens);

@@ -102,7 +102,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
               int64_t num_experts, double timeout_s, int64_t quant_format,
               tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales, int64_t phase,
               int64_t num_sms) {
-  TVM_FFI_CHECK(phase == 0 || phase == 1, ValueError)
+  A2A_CHECK(phase == 0 || phase == 1, ValueError)
       << "dispatch phase must be 0 (send and receive) or 1 (send only), got " << phase;
   CheckSmBudget(num_sms);
   const WorkspaceConfig config =
@@ -199,10 +199,10 @@ void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank,
   const WorkspaceConfig config =
       MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token);
   CheckCudaWorkspace(workspace, ep_rank, config);
-  TVM_FFI_CHECK(runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens, ValueError)
+  A2A_CHECK(runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens, ValueError)
       << "runtime_max_tokens_per_rank must be in [0, max_num_tokens=" << max_num_tokens << "], got "
       << runtime_max_tokens_per_rank;
-  TVM_FFI_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
+  A2A_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
                 ValueError)
       << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
   CheckContiguous(recv_counts, "recv_counts");

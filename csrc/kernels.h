@@ -16,7 +16,7 @@ inline int NumSMs(int device) {
 
 // An entry point checks its SM budget first, before the workspace (so the check needs no GPU).
 inline void CheckSmBudget(int64_t num_sms) {
-  TVM_FFI_CHECK(num_sms >= 0, ValueError) << "num_sms must be >= 0 (0: every multiprocessor), got " << num_sms;
+  A2A_CHECK(num_sms >= 0, ValueError) << "num_sms must be >= 0 (0: every multiprocessor), got " << num_sms;
 }
 
 // Multiprocessors the kernels size their grids for: the device's, or fewer under an SM budget (num_sms > 0), so that

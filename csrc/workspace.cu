@@ -79,6 +79,8 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> GetConstants() {
   c.Set("quant_fp8_block", static_cast<int64_t>(QuantFormat::kFp8Block));
   c.Set("quant_mxfp8", static_cast<int64_t>(QuantFormat::kMxfp8));
   c.Set("quant_nvfp4", static_cast<int64_t>(QuantFormat::kNvfp4));
+  c.Set("combine_pull", static_cast<int64_t>(CombineMode::kPull));
+  c.Set("combine_push", static_cast<int64_t>(CombineMode::kPush));
   for (const CallLayoutField& f : kCallLayoutFields) {
     c.Set(std::string("call_layout:") + f.name, (static_cast<int64_t>(f.shift) << 8) | f.bits);
   }

@@ -16,6 +16,8 @@ MAX_PAYLOADS = 8  # kMaxPayloads
 MAX_NUM_TOKENS_LIMIT = 1 << 24  # max_num_tokens must stay below: slots take kRouteSlotBits of a routing entry
 MAX_TIMEOUT_S = 1e6  # TimeoutNs in csrc/kernels.h
 QUANT_FORMAT_CODES = range(4)  # QuantFormat: none, fp8_block, mxfp8, nvfp4
+COMBINE_PULL = 0  # CombineMode::kPull
+COMBINE_PUSH = 1  # CombineMode::kPush
 
 #: (literal above, key in the library's table): every pair tests/test_constants.py checks.
 PINNED = {
@@ -23,6 +25,8 @@ PINNED = {
     "MAX_TOP_K": "max_top_k",
     "MAX_PAYLOADS": "max_payloads",
     "MAX_NUM_TOKENS_LIMIT": "max_num_tokens_limit",
+    "COMBINE_PULL": "combine_pull",
+    "COMBINE_PUSH": "combine_push",
 }
 
 

@@ -17,6 +17,7 @@ import torch
 
 from . import config as _config
 from . import ops
+from .combine_mode import combine_mode_code
 from .constants import MAX_EP_SIZE, MAX_PAYLOADS, MAX_TOP_K, check_sizes  # noqa: F401 - public re-exports
 from .errors import check_error
 from .layout import empty_workspace  # noqa: F401 - public re-export
@@ -370,6 +371,7 @@ def combine(
     timeout_s: Optional[float] = None,
     one_gpu_per_rank: bool = False,
     quant_format: Optional[str] = None,
+    combine_mode: str = "pull",
     debug: Optional[bool] = None,
     num_sms: int = 0,
     phase: int = 0,
@@ -388,12 +390,15 @@ def combine(
         out: optional ``[num_tokens, hidden]`` output of the partials' dtype.
         hidden, dtype: the combine row shape when neither ``partials`` nor ``out`` gives it.
         one_gpu_per_rank: promise that no two ranks share a GPU (true across processes, false for simulated ranks):
-            a small zero-copy combine then runs as one kernel whose blocks all wait for the peers, a launch fewer;
-            and, where ``config.combine_bytes_per_token`` leaves room for a landing row per token after the
-            partials (:func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`), the combine is pushed:
-            each rank stores its partials into their owners' workspaces and the owners sum them as they land. With
-            ranks sharing a GPU such kernels could hold every multiprocessor while a peer on the same GPU still
-            needs one, so the default is the two-kernel pulled combine.
+            a small zero-copy combine then runs as one kernel whose blocks all wait for the peers, a launch fewer.
+            With ranks sharing a GPU such a kernel could hold every multiprocessor while a peer on the same GPU still
+            needs one.
+        combine_mode: ``"pull"`` (default): every rank publishes its partials and each token's owner loads and sums
+            them. ``"push"``: each rank stores its partials into their owners' workspaces and the owners sum them
+            as they land; needs ``one_gpu_per_rank`` and ``config.combine_bytes_per_token`` with room for a landing
+            row per token after the partials (:func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`),
+            else ``ValueError`` before any launch. The mode is never inferred from the sizes: every rank of a call
+            must pass the same one.
         quant_format: ``"fp8_block"``: the partials for other ranks cross NVLink as FP8 E4M3 with an fp32 scale per
             128 elements (quantized on the rank that computed them, over the front of their rows in the combine
             region, or on the way when pushed; dequantized and summed in fp32 by the token's owner; a rank's own
@@ -419,7 +424,8 @@ def combine(
         raise ValueError(f"out must be [num_tokens={num_tokens}, hidden={hidden}], got {tuple(out.shape)}")
     check_combine_format(quant_format, "combine quant_format")
     ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
-                _timeout(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1, phase, num_sms)
+                _timeout(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1,
+                combine_mode_code(combine_mode), phase, num_sms)
     _debug_check(workspace, ep_rank, debug)
     return out
 

@@ -10,6 +10,7 @@ from . import config as _config
 from . import functional as F
 from . import shared_workspace
 from .agreement import check_agreement, construction_record
+from .combine_mode import pushed_wires
 from .comm import as_communicator
 from .lifecycle import barrier_within
 from .nccl_transport import NcclTransport, check_transport, process_group_of, resolve_transport
@@ -48,7 +49,10 @@ class MoeAlltoAll(SplitPhaseMixin):
             into its owner's workspace and the owner sums the rows as they land (stores cross NVLink faster than
             loads), instead of every owner pulling the partials after all ranks published them. On 2xH200 that is
             faster at 8192 tokens per rank and about 6 us slower per call at 1024 and below (docs/benchmarks.md).
-        dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive.
+            These two arguments alone choose the pushed combine (see :meth:`combine_mode`); a large
+            ``combine_bytes_per_token`` never does.
+        dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive
+            (with ``push_combine`` or ``combine_format`` and ``hidden_size``, at least the pushed combine's size).
         device: this rank's GPU (default: the current device); ``"cpu"`` with ``transport="nccl"`` over gloo.
         transport: ``"nvlink"`` (one-sided, symmetric memory), ``"nccl"`` (the collectives of ``group``, a
             ``torch.distributed`` process group: across nodes, or on CPU over gloo; see
@@ -123,6 +127,14 @@ class MoeAlltoAll(SplitPhaseMixin):
                                                                        None if push_combine else combine_format)
             else:
                 combine_bytes_per_token = hidden_size * dtype.itemsize
+        elif hidden_size is not None and (push_combine or combine_format is not None):
+            needed = push_combine_bytes_per_token(hidden_size, dtype, None if push_combine else combine_format)
+            if combine_bytes_per_token < needed:
+                raise ValueError(f"combine_bytes_per_token={combine_bytes_per_token} is too small for the pushed "
+                                 f"combine that push_combine={push_combine}, combine_format={combine_format!r} ask "
+                                 f"for: hidden_size={hidden_size} x {dtype} needs >= {needed}")
+        # From arguments every rank agreed on, so every rank picks the same combine mode.
+        self._pushed_wires = pushed_wires(push_combine, combine_format)
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
         #: what this layer needs; ``config`` is the shared workspace's (at least this in every size)
         self.requested = F.WorkspaceConfig(ep_size=self.comm.size, max_num_tokens=max_num_tokens,
@@ -228,6 +240,13 @@ class MoeAlltoAll(SplitPhaseMixin):
         hidden, dtype = self._combine_row(hidden, dtype)
         return F.combine_input(self.workspace, self.ep_rank, self.config, runtime_max, hidden, dtype)
 
+    def combine_mode(self, quant_format: Optional[str] = None) -> str:
+        """``"push"`` or ``"pull"``: how :meth:`combine` with this ``quant_format`` moves the partials. Pushed
+        where the construction asked for it (``push_combine``, or ``combine_format`` equal to ``quant_format``) and
+        every rank has a GPU of its own (ranks sharing one always pull)."""
+        check_combine_format(quant_format, "combine quant_format")
+        return "push" if quant_format in self._pushed_wires and self._symm.one_gpu_per_rank else "pull"
+
     def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
                 timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> torch.Tensor:
         """Sums each local token's partials over the ranks it went to, in increasing rank order in fp32 (see
@@ -242,8 +261,8 @@ class MoeAlltoAll(SplitPhaseMixin):
         result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
                            out=out, hidden=hidden, dtype=dtype,
                            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
-                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format, debug=self._debug,
-                           num_sms=self.num_sms)
+                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format,
+                           combine_mode=self.combine_mode(quant_format), debug=self._debug, num_sms=self.num_sms)
         self._pending = None
         self._order.advance("combine")
         return result

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import validation as _check
-from .constants import check_sizes
+from .constants import COMBINE_PULL, COMBINE_PUSH, check_sizes
 from .jit import get_a2a_module
 
 _LIB = torch.library.Library("flashinfer_a2a", "DEF")
@@ -185,25 +185,28 @@ def _dispatch_recv_fake(workspace, recv_counts, ep_rank, ep_size, max_num_tokens
 @register(
     "combine(Tensor(a!) workspace, Tensor? partials, Tensor recv_counts, Tensor(b!) out, int ep_rank, "
     f"{_SIZES}, SymInt runtime_max_tokens_per_rank, float timeout_s, bool one_gpu_per_rank, int quant_format=0, "
-    "int phase=0, int num_sms=0) -> ()",
+    "int combine_mode=0, int phase=0, int num_sms=0) -> ()",
     dispatch_key="CUDA",
 )
 def combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
             combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s, one_gpu_per_rank, quant_format=0,
-            phase=0, num_sms=0):
+            combine_mode=0, phase=0, num_sms=0):
     get_a2a_module().combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k,
                              dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s,
-                             one_gpu_per_rank, quant_format, phase, num_sms)
+                             one_gpu_per_rank, quant_format, combine_mode, phase, num_sms)
 
 
 @combine.register_fake
 def _combine_fake(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k,
                   dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s,
-                  one_gpu_per_rank, quant_format=0, phase=0, num_sms=0):
+                  one_gpu_per_rank, quant_format=0, combine_mode=0, phase=0, num_sms=0):
     sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
     _check.check_split_args("combine", phase, ("send and receive", "send", "receive"), num_sms)
+    if phase and combine_mode == COMBINE_PUSH:
+        raise ValueError(f"combine_mode={combine_mode} (push) cannot be split: phase must be 0, got {phase}; split "
+                         f"combines use combine_mode={COMBINE_PULL} (pull)")
     _check.check_combine_args(workspace, partials, recv_counts, out, ep_rank, sizes, runtime_max_tokens_per_rank,
-                              timeout_s, quant_format)
+                              timeout_s, quant_format, one_gpu_per_rank, combine_mode)
 
 
 @register("sanitize_expert_ids(Tensor(a!) recv_topk_ids, Tensor recv_counts, int invalid_id) -> ()", "CUDA")

@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from .combine_mode import check_combine_mode_code
 from .constants import MAX_PAYLOADS, MAX_TIMEOUT_S, check_sizes
 
 _IDS = (torch.int32, torch.int64)
@@ -126,7 +127,7 @@ def check_dispatch_args(workspace: torch.Tensor, topk_ids: torch.Tensor, payload
 
 def check_combine_args(workspace: torch.Tensor, partials: Optional[torch.Tensor], recv_counts: torch.Tensor,
                        out: torch.Tensor, ep_rank: int, sizes: Sequence[int], runtime_max: int, timeout_s: float,
-                       quant_format: int) -> None:
+                       quant_format: int, one_gpu_per_rank: bool = False, combine_mode: int = 0) -> None:
     """The checks of the C++ ``Combine`` entry that depend only on shapes, dtypes and sizes."""
     check_sizes(*sizes)
     ep_size, max_num_tokens, combine_bytes = sizes[0], sizes[1], sizes[4]
@@ -154,6 +155,7 @@ def check_combine_args(workspace: torch.Tensor, partials: Optional[torch.Tensor]
         if tuple(partials.shape) != (ep_size, runtime_max, hidden):
             raise ValueError(f"partials must be [ep_size={ep_size}, runtime_max_tokens_per_rank={runtime_max}, "
                              f"hidden={hidden}], got {tuple(partials.shape)}")
+    check_combine_mode_code(combine_mode, one_gpu_per_rank, hidden, out.dtype, combine_bytes, quant_format)
 
 
 def check_sanitize_args(recv_topk_ids: torch.Tensor, recv_counts: torch.Tensor) -> None:

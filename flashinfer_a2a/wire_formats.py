@@ -61,8 +61,9 @@ def check_combine_format(value: Optional[str], argument: str = "combine_format")
 def push_combine_bytes_per_token(hidden: int, dtype: torch.dtype, combine_format: Optional[str] = None) -> int:
     """Combine bytes per token of a workspace whose combine is pushed (every rank on a GPU of its own): the
     ``hidden x dtype`` partial, plus the landing row where the token's owner receives it — the partial again, or
-    (``combine_format="fp8_block"``) its FP8 values and fp32 scales per 128, padded to 16 bytes. A workspace with
-    less room pulls instead. Room for the plain landing row also fits the FP8 one, so both wires are then pushed."""
+    (``combine_format="fp8_block"``) its FP8 values and fp32 scales per 128, padded to 16 bytes. A combine with
+    ``combine_mode="push"`` on a workspace with less room is refused (ValueError); room alone never makes a combine
+    push. Room for the plain landing row also fits the FP8 one."""
     check_combine_format(combine_format)
     if combine_format is None:
         return 2 * hidden * dtype.itemsize

@@ -36,6 +36,12 @@ class _OneRank:
         (dict(max_num_tokens=8, top_k=2, num_experts=4, dispatch_bytes_per_token=64), "hidden_size"),
         (dict(max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, dispatch_format="fp4"),
          "dispatch_format must be one of fp8_block, mxfp8, nvfp4, got 'fp4'"),
+        (dict(max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, push_combine=True,
+              combine_bytes_per_token=100),
+         "combine_bytes_per_token=100 is too small for the pushed combine .* needs >= 256"),
+        (dict(max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, combine_format="fp8_block",
+              combine_bytes_per_token=200),
+         "combine_bytes_per_token=200 is too small .* needs >= 208"),
         (dict(max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, combine_format="mxfp8"),
          "combine_format must be None or 'fp8_block', got 'mxfp8'"),
     ],
@@ -57,7 +63,8 @@ def test_group_must_be_a_communicator():
         (dict(push_combine=True), 2 * 64 * 2),  # the partial and its landing row
         (dict(combine_format="fp8_block"), 64 * 2 + 80),  # FP8 landing row: 64 values + 1 fp32 scale -> 80
         (dict(combine_format="fp8_block", push_combine=True), 2 * 64 * 2),  # room for both wires
-        (dict(push_combine=True, combine_bytes_per_token=100), 100),  # explicit sizes win
+        (dict(push_combine=True, combine_bytes_per_token=300), 300),  # explicit sizes win, if the push fits
+        (dict(combine_bytes_per_token=1000), 1000),  # room for a push nobody asked for: still pulled
     ],
 )
 def test_combine_row_sizing(monkeypatch, kwargs, combine_bytes):

@@ -202,4 +202,4 @@ def test_bad_phase_and_num_sms_are_value_errors_before_any_launch(op, phase, num
                          5.0, 0, None, False, phase, num_sms)
         else:
             ops.combine(workspace, None, counts, torch.zeros(4, 64, dtype=torch.bfloat16), 0, *config.sizes(), 8, 5.0,
-                        False, 0, phase, num_sms)
+                        False, 0, 0, phase, num_sms)

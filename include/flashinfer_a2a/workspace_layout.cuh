@@ -165,9 +165,20 @@ constexpr QuantWire WireOf(QuantFormat f) {
                                      : QuantWire{16, 1, 2};
 }
 
+// How combine moves the partials: pulled by each token's owner after every rank published them, or pushed by the
+// rank that computed them into their owners' workspaces (combine_push.cuh; needs a landing row per token after the
+// partials, see PushCombineRowBytes, and no two ranks on one GPU). The caller names it; sizes never imply it.
+enum class CombineMode : int32_t { kPull = 0, kPush = 1 };
+
 // One partial row over the FP8 wire of combine: hidden E4M3 bytes, then an fp32 scale per 128 elements, padded to
 // 16 bytes (the stride of a pushed combine's landing rows).
 constexpr int64_t Fp8WireRowBytes(int64_t hidden) { return AlignUp(hidden + 4 * ((hidden + 127) / 128), 16); }
+
+// Combine bytes per token a pushed combine needs: the partial row, then its landing row (the partial as it is, or
+// over the FP8 wire its values and scales).
+constexpr int64_t PushCombineRowBytes(int64_t row_bytes, int64_t hidden, bool fp8_wire) {
+  return row_bytes + (fp8_wire ? Fp8WireRowBytes(hidden) : row_bytes);
+}
 
 // Byte offset of scale (row, col) within a source block in the 128x4-tile layout (tiles_per_row = cols / 4,
 // rounded up): tile (row / 128, col / 4) is 512 contiguous bytes, holding (row, col) at (row % 32) * 16 +

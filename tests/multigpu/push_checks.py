@@ -1,6 +1,6 @@
 """Checks of the pushed combine across processes (run by worker.py): plain rows and the FP8 wire landed in their
 owners' workspaces, summed as they land, under CUDA-graph replay, and with a rank that never combines; a workspace
-sized for the pull never pushes."""
+sized for the pull, or with room nobody asked to push into, never pushes."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def check_push(group, comm):
     top_k, max_tokens = 6, 96
     for c, (dtype, hidden, wire) in enumerate(PUSH_CASES):
         a2a = _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens)
+        assert a2a.combine_mode(wire) == "push"
         combine_offset = int(a2a.metainfo[fa.get_metainfo_index_pairs()["combine_offset"]])
         landing_row = push_combine_bytes_per_token(hidden, dtype, wire) - hidden * dtype.itemsize
         for i in range(4):
@@ -118,15 +119,27 @@ def _replay_push(a2a, comm, top_k, hidden, dtype, wire, seed):
 
 def check_pull_without_room(group, comm):
     """A workspace sized for the pulled combine pulls even a call whose landing rows would fit in the room it keeps
-    for larger calls (runtime_max a quarter of max_num_tokens): each output equal to the reference, and no push flag
-    set, plain partials (tensor and zero copy) or the FP8 wire alike."""
+    for larger calls (runtime_max a quarter of max_num_tokens), and so does one whose explicit
+    combine_bytes_per_token has room for a push nobody asked for (the mode is never inferred from sizes): each
+    output equal to the reference, and no push flag set, plain partials (tensor and zero copy) or the FP8 wire
+    alike."""
+    top_k, hidden, max_tokens = 4, 512, 64
+    _check_pulls(comm, _pushing(group, comm, torch.bfloat16, hidden, None, top_k, max_tokens, sized=False), hidden)
+    roomy = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * comm.size,
+                        hidden_size=hidden, combine_bytes_per_token=4 * hidden * 2)
+    if SHARED_GPU:
+        roomy._symm.one_gpu_per_rank = True  # as _pushing: only the mode may keep this combine from pushing
+    assert roomy.combine_mode() == "pull" and roomy.combine_mode("fp8_block") == "pull"
+    _check_pulls(comm, roomy, hidden)
+
+
+def _check_pulls(comm, a2a, hidden):
     rank, n = comm.rank, comm.size
     seed = shared_seed(comm)
-    top_k, hidden, max_tokens = 4, 512, 64
-    a2a = _pushing(group, comm, torch.bfloat16, hidden, None, top_k, max_tokens, sized=False)
+    max_tokens = a2a.config.max_num_tokens
     for i, (wire, zero_copy) in enumerate(((None, False), (None, True), ("fp8_block", False))):
         tokens = [max_tokens // 4 - r for r in range(n)]
-        ids, xs, _ = make_inputs(n, tokens, top_k, hidden, 16 * n, seed + 10 * i)
+        ids, xs, _ = make_inputs(n, tokens, a2a.config.top_k, hidden, 16 * n, seed + 10 * i)
         xs = [x.to(torch.bfloat16) for x in xs]
         a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda()], tokens[0])
         want = ref.reference_dispatch(ids, [[x] for x in xs], 16 * n, tokens[0])

@@ -1,0 +1,53 @@
+"""How combine moves the partials, named by the caller: ``"pull"`` or ``"push"`` (docs/semantics.md#combine).
+
+The library checks the choice and launches what it is told; the workspace's sizes never imply it. ``"push"`` needs a
+combine region with a landing row per token after the partials
+(:func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`) and every rank on a GPU of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .constants import COMBINE_PULL, COMBINE_PUSH
+from .wire_formats import push_combine_bytes_per_token
+
+#: mode name -> the code the ``combine`` op takes (CombineMode in include/flashinfer_a2a/workspace_layout.cuh)
+COMBINE_MODES = {"pull": COMBINE_PULL, "push": COMBINE_PUSH}
+
+
+def combine_mode_code(mode: str, argument: str = "combine_mode") -> int:
+    """The op's code for ``mode``; ValueError naming ``argument`` otherwise."""
+    if mode not in COMBINE_MODES:
+        raise ValueError(f"{argument} must be one of {', '.join(map(repr, COMBINE_MODES))}, got {mode!r}")
+    return COMBINE_MODES[mode]
+
+
+def check_combine_mode_code(combine_mode: int, one_gpu_per_rank: bool, hidden: int, dtype: torch.dtype,
+                            combine_bytes_per_token: int, quant_format: int) -> None:
+    """The C++ ``Combine`` entry's checks of ``combine_mode`` (run by the fake implementation while tracing)."""
+    if combine_mode not in COMBINE_MODES.values():
+        raise ValueError(f"combine_mode must be {COMBINE_PULL} (pull) or {COMBINE_PUSH} (push), got {combine_mode}")
+    if combine_mode != COMBINE_PUSH:
+        return
+    if not one_gpu_per_rank:
+        raise ValueError(f"combine_mode={combine_mode} (push) needs one_gpu_per_rank: with ranks sharing a GPU the "
+                         f"pushing blocks can hold every multiprocessor a peer on that GPU still needs; use "
+                         f"combine_mode={COMBINE_PULL} (pull)")
+    wire = "fp8_block" if quant_format == 1 else None
+    needed = push_combine_bytes_per_token(hidden, dtype, wire)
+    if needed > combine_bytes_per_token:
+        raise ValueError(f"combine_mode={combine_mode} (push) of hidden={hidden}"
+                         f"{' over the FP8 wire' if wire else ''} needs combine_bytes_per_token >= {needed} (the "
+                         f"partial and its landing row), the workspace was sized for {combine_bytes_per_token}")
+
+
+def pushed_wires(push_combine: bool, combine_format: Optional[str]) -> frozenset:
+    """The combine wires (None: the partials' dtype, ``"fp8_block"``) a MoeAlltoAll built with these arguments
+    pushes when every rank has a GPU of its own: ``push_combine`` sizes room for both, ``combine_format`` for its
+    own wire only."""
+    if push_combine:
+        return frozenset({None, "fp8_block"})
+    return frozenset() if combine_format is None else frozenset({combine_format})
