@@ -24,14 +24,6 @@ FloatType CombineFloatType(const TensorView& t, const char* name) {
   return FloatType::kFloat32;
 }
 
-void CheckRecvCounts(const TensorView& recv_counts, const TensorView& workspace, int64_t ep_size) {
-  A2A_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
-                ValueError)
-      << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
-  CheckContiguous(recv_counts, "recv_counts");
-  CheckSameDevice(recv_counts, workspace, "recv_counts", "workspace");
-}
-
 }  // namespace
 
 void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials, TensorView recv_counts,

@@ -52,6 +52,14 @@ inline void CheckSameDevice(const TensorView& t, const TensorView& ref, const ch
       << name << " must be on the same device as " << ref_name;
 }
 
+// Validates the `[ep_size] int32` counts tensor of a dispatch or combine, on the workspace's device.
+inline void CheckRecvCounts(const TensorView& recv_counts, const TensorView& workspace, int64_t ep_size) {
+  A2A_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size, ValueError)
+      << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
+  CheckContiguous(recv_counts, "recv_counts");
+  CheckSameDevice(recv_counts, workspace, "recv_counts", "workspace");
+}
+
 // Validates the `[ep_size, bytes_per_rank] uint8` workspace whose row r addresses rank r's workspace.
 inline void CheckWorkspace(const TensorView& workspace, int64_t ep_size, int64_t required_bytes) {
   A2A_CHECK(IsDType(workspace, kDLUInt, 8), TypeError)

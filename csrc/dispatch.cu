@@ -124,11 +124,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   A2A_CHECK(num_experts >= 1 && num_experts < (int64_t{1} << 31), ValueError)
       << "num_experts must be >= 1, got " << num_experts;
 
-  A2A_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
-                ValueError)
-      << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
-  CheckContiguous(recv_counts, "recv_counts");
-  CheckSameDevice(recv_counts, workspace, "recv_counts", "workspace");
+  CheckRecvCounts(recv_counts, workspace, ep_size);
 
   const uint64_t timeout_ns = TimeoutNs(timeout_s);
 
@@ -202,11 +198,7 @@ void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank,
   A2A_CHECK(runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens, ValueError)
       << "runtime_max_tokens_per_rank must be in [0, max_num_tokens=" << max_num_tokens << "], got "
       << runtime_max_tokens_per_rank;
-  A2A_CHECK(IsDType(recv_counts, kDLInt, 32) && recv_counts.ndim() == 1 && recv_counts.size(0) == ep_size,
-                ValueError)
-      << "recv_counts must be int32 of shape [ep_size=" << ep_size << "]";
-  CheckContiguous(recv_counts, "recv_counts");
-  CheckSameDevice(recv_counts, workspace, "recv_counts", "workspace");
+  CheckRecvCounts(recv_counts, workspace, ep_size);
   const uint64_t timeout_ns = TimeoutNs(timeout_s);
 
   DeviceGuard guard(workspace.device().device_id);

@@ -21,7 +21,7 @@ from .combine_mode import combine_mode_code
 from .constants import MAX_EP_SIZE, MAX_PAYLOADS, MAX_TOP_K, check_sizes  # noqa: F401 - public re-exports
 from .errors import check_error
 from .layout import empty_workspace  # noqa: F401 - public re-export
-from .validation import check_dispatch_inputs
+from .validation import check_dispatch_inputs, check_topk_ids_on_host
 from .wire_formats import WIRE_FORMATS, WireFormat, check_combine_format, wire_format
 
 
@@ -206,15 +206,6 @@ def _debug_check(workspace: torch.Tensor, ep_rank: int, debug: Optional[bool]) -
         check_error(workspace, ep_rank)
 
 
-def _check_topk_ids_on_host(topk_ids: torch.Tensor, num_experts: int) -> None:
-    if topk_ids.numel() == 0:
-        return
-    low, high = int(topk_ids.min()), int(topk_ids.max())
-    if low < -1 or high >= num_experts:
-        bad = low if low < -1 else high
-        raise ValueError(f"topk_ids holds expert id {bad}; valid ids are -1 (no expert) and 0..{num_experts - 1}")
-
-
 def dispatch(
     workspace: torch.Tensor,
     ep_rank: int,
@@ -307,7 +298,7 @@ def launch_dispatch(
             raise ValueError(f"payloads[{i}] must be [num_tokens={num_tokens}, ...], got {tuple(p.shape)}")
     debug = _debug(debug)
     if debug and _eager():
-        _check_topk_ids_on_host(topk_ids, num_experts)  # waits on this rank's stream only: never on peers
+        check_topk_ids_on_host(topk_ids, num_experts)  # waits on this rank's stream only: never on peers
     if recv_counts is None:
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
     ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),

@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .reference import quant
+from .validation import check_topk_ids_on_host
 from .wire_formats import WireFormat, check_combine_format, wire_format
 
 TRANSPORTS = ("auto", "nvlink", "nccl")
@@ -103,16 +104,6 @@ def process_group_of(comm: Any) -> Any:
 def _eager() -> bool:
     return not torch.compiler.is_compiling() and not (torch.cuda.is_available()
                                                       and torch.cuda.is_current_stream_capturing())
-
-
-def check_topk_ids_on_host(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """ValueError naming the first bad expert id (a host synchronisation: debug mode only)."""
-    if topk_ids.numel() == 0:
-        return
-    low, high = int(topk_ids.min()), int(topk_ids.max())
-    if low < -1 or high >= num_experts:
-        bad = low if low < -1 else high
-        raise ValueError(f"topk_ids holds expert id {bad}; valid ids are -1 (no expert) and 0..{num_experts - 1}")
 
 
 def rank_mask(topk_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:

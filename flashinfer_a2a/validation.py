@@ -164,3 +164,14 @@ def check_sanitize_args(recv_topk_ids: torch.Tensor, recv_counts: torch.Tensor) 
     if recv_topk_ids.dim() != 3:
         raise ValueError(f"recv_topk_ids must be [ep_size, runtime_max, top_k], got {tuple(recv_topk_ids.shape)}")
     _check_counts(recv_counts, recv_topk_ids.shape[0])
+
+
+def check_topk_ids_on_host(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """ValueError naming the first expert id outside -1 and ``[0, num_experts)`` (reads the ids on the host: a
+    synchronization with this rank's stream, for debug mode only)."""
+    if topk_ids.numel() == 0:
+        return
+    low, high = int(topk_ids.min()), int(topk_ids.max())
+    if low < -1 or high >= num_experts:
+        bad = low if low < -1 else high
+        raise ValueError(f"topk_ids holds expert id {bad}; valid ids are -1 (no expert) and 0..{num_experts - 1}")

@@ -26,10 +26,23 @@ def spawn(check: str, world_size: int, tmp_path: Path, *, timeout_s: float = 120
     Raises:
         TimeoutError: the ranks did not all finish within ``timeout_s`` (they are killed).
     """
+    spawn_checks(__name__, check, world_size, tmp_path, timeout_s=timeout_s)
+
+
+def spawn_checks(module: str, check: str, world_size: int, tmp_path: Path, *, timeout_s: float = 120.0,
+                 destroy_group: bool = True) -> None:
+    """Runs ``<module>.CHECKS[check](rank, world_size, tmp_path)`` on ``world_size`` spawned gloo ranks (a check
+    module of tests/); ``destroy_group=False`` skips the process group's teardown, for checks that leave a peer
+    gone."""
+    launch(_entry, (world_size, str(tmp_path), module, check, destroy_group), world_size, check, timeout_s)
+
+
+def launch(entry: Callable, args: tuple, world_size: int, what: str, timeout_s: float) -> None:
+    """Runs ``entry(rank, *args)`` in ``world_size`` spawned processes; re-raises a rank's error, and kills them all
+    and raises TimeoutError if they have not finished within ``timeout_s``."""
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_entry, args=(world_size, str(tmp_path), check), nprocs=world_size, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(entry, args=args, nprocs=world_size, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=max(deadline - time.monotonic(), 0.1)):
         if time.monotonic() >= deadline:
@@ -37,16 +50,19 @@ def spawn(check: str, world_size: int, tmp_path: Path, *, timeout_s: float = 120
                 if p.is_alive():
                     p.kill()
                 p.join()
-            raise TimeoutError(f"{check} on {world_size} ranks did not finish in {timeout_s} s")
+            raise TimeoutError(f"{what} on {world_size} ranks did not finish in {timeout_s} s")
 
 
-def _entry(rank: int, world_size: int, tmp: str, check: str) -> None:
+def _entry(rank: int, world_size: int, tmp: str, module: str, check: str, destroy_group: bool) -> None:
+    import importlib
+
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/filestore", rank=rank, world_size=world_size,
                             timeout=COLLECTIVE_TIMEOUT)
-    CHECKS[check](rank, world_size, Path(tmp))
-    dist.destroy_process_group()
+    importlib.import_module(module).CHECKS[check](rank, world_size, Path(tmp))
+    if destroy_group:
+        dist.destroy_process_group()
     # Skip interpreter finalization: there torch 2.13 (CPU, gloo) aborts a rank about 1 run in 10 with "terminate
     # called without an active exception" and no Python frame, after the check has passed. An error above still
     # propagates to spawn() as usual.

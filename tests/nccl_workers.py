@@ -16,7 +16,7 @@ import torch
 from flashinfer_a2a import MoeAlltoAll
 from flashinfer_a2a.reference import quant, random_payload, random_topk_ids, reference_combine, reference_dispatch
 
-from .comm_workers import COLLECTIVE_TIMEOUT, expect_raises
+from .comm_workers import COLLECTIVE_TIMEOUT, expect_raises, launch
 
 # 224 = 7 MXFP8 and 14 NVFP4 scale columns (swizzled scales get padding columns) and a short last FP8 block; 10
 # experts split unevenly over 4 ranks (3, 3, 2, 2).
@@ -157,20 +157,7 @@ CHECKS = {
 
 def spawn_gloo(checks: list[str], world_size: int, tmp_path: Path, timeout_s: float = 240.0) -> None:
     """Runs the named checks on ``world_size`` spawned gloo ranks (CPU tensors); re-raises a rank's error."""
-    import time
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_gloo_entry, args=(world_size, str(tmp_path), checks), nprocs=world_size, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=max(deadline - time.monotonic(), 0.1)):
-        if time.monotonic() >= deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join()
-            raise TimeoutError(f"{checks} on {world_size} ranks did not finish in {timeout_s} s")
+    launch(_gloo_entry, (world_size, str(tmp_path), checks), world_size, str(checks), timeout_s)
 
 
 def _gloo_entry(rank: int, world_size: int, tmp: str, checks: list[str]) -> None:

@@ -3,41 +3,18 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
 
-from .comm_workers import COLLECTIVE_TIMEOUT, expect_raises
+from .comm_workers import expect_raises, spawn_checks
 
 
 def spawn(check: str, world_size: int, tmp_path: Path, *, timeout_s: float = 120.0) -> None:
     """Runs ``CHECKS[check](rank, world_size, tmp_path)`` on ``world_size`` gloo ranks; re-raises a rank's error."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_entry, args=(world_size, str(tmp_path), check), nprocs=world_size, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=max(deadline - time.monotonic(), 0.1)):
-        if time.monotonic() >= deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join()
-            raise TimeoutError(f"{check} on {world_size} ranks did not finish in {timeout_s} s")
-
-
-def _entry(rank: int, world_size: int, tmp: str, check: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/filestore", rank=rank, world_size=world_size,
-                            timeout=COLLECTIVE_TIMEOUT)
-    CHECKS[check](rank, world_size, Path(tmp))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no process-group teardown: a check may leave a peer gone (see comm_workers._entry for the rest)
+    spawn_checks(__name__, check, world_size, tmp_path, timeout_s=timeout_s, destroy_group=False)
 
 
 def _build(rank: int, **overrides):
