@@ -232,35 +232,3 @@ def cuda_home() -> Path:
 def cxx() -> str:
     """``CXX`` (default ``c++``): the host compiler that links the libraries; may carry arguments."""
     return _get("CXX") or "c++"
-
-
-#: CUDA's variable (not this package's, so not in :data:`ENV_VARS`): how many hardware work queues CUDA maps a
-#: process's streams and graph branches onto, read once when CUDA initializes. Simulated ranks need one queue each
-#: plus one for the stream that launches them (docs/semantics.md, "Simulated ranks").
-CUDA_CONNECTIONS_VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
-CUDA_DEFAULT_CONNECTIONS = 8  # CUDA's default when the variable is unset
-CUDA_MAX_CONNECTIONS = 32  # CUDA's ceiling: larger values buy nothing
-
-
-def cuda_device_max_connections() -> int:
-    """``CUDA_DEVICE_MAX_CONNECTIONS`` as CUDA will use it (8 when unset, at most 32). Only what the environment
-    says now: CUDA read it when it initialized, so a change after that has no effect."""
-    raw = _get(CUDA_CONNECTIONS_VAR)
-    if not raw:
-        return CUDA_DEFAULT_CONNECTIONS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{CUDA_CONNECTIONS_VAR}={os.environ[CUDA_CONNECTIONS_VAR]!r}: expected an integer >= 1")
-    return min(value, CUDA_MAX_CONNECTIONS)
-
-
-def request_cuda_connections(count: int) -> int:
-    """Sets ``CUDA_DEVICE_MAX_CONNECTIONS`` to ``count`` for this process and its children unless it is already set
-    (the user's value wins); returns the value in effect. Call it before CUDA initializes: the benchmark's simulated
-    ranks do, so each rank gets a queue of its own."""
-    if not _get(CUDA_CONNECTIONS_VAR):
-        os.environ[CUDA_CONNECTIONS_VAR] = str(min(count, CUDA_MAX_CONNECTIONS))
-    return cuda_device_max_connections()

@@ -11,37 +11,14 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
 
-from . import config as _config
 from . import functional as F
 from .errors import check_error
 
 T = TypeVar("T")
 
 
-def check_stream_queues(ep_size: int) -> None:
-    """ValueError unless CUDA has a hardware work queue for each rank's stream and one for the launching stream.
-
-    CUDA maps streams and graph branches onto ``CUDA_DEVICE_MAX_CONNECTIONS`` queues (8 by default) and promises no
-    concurrency between work that shares one; a rank queued behind a peer that waits for it can only time out.
-    Checked before anything is allocated; the value is the environment's now, which is what CUDA read if it has not
-    initialized yet.
-    """
-    queues = _config.cuda_device_max_connections()
-    if ep_size + 1 > queues:
-        limit = _config.CUDA_MAX_CONNECTIONS - 1
-        hint = (f"set {_config.CUDA_CONNECTIONS_VAR}={min(ep_size + 1, _config.CUDA_MAX_CONNECTIONS)} (or 32) in the "
-                f"environment before CUDA initializes" if ep_size <= limit
-                else f"at most {limit} ranks can be simulated on one GPU")
-        raise ValueError(f"SimulatedRanks: ep_size={ep_size} ranks need {ep_size + 1} concurrent CUDA work queues (one "
-                         f"per rank plus the launching stream), but {_config.CUDA_CONNECTIONS_VAR} gives {queues}: "
-                         f"ranks sharing a queue wait for each other until they time out; {hint}")
-
-
 class SimulatedRanks:
     """``ep_size`` ranks sharing one GPU.
-
-    Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= ``ep_size + 1`` (CUDA's default, 8, allows up to 7 ranks), set before
-    CUDA initializes; refused with ValueError otherwise (:func:`check_stream_queues`).
 
     Args:
         config: the workspace sizes (``config.ep_size`` ranks).
@@ -49,7 +26,6 @@ class SimulatedRanks:
     """
 
     def __init__(self, config: F.WorkspaceConfig, device: torch.device | str | int = "cuda") -> None:
-        check_stream_queues(config.ep_size)
         self.config = config
         self.device = torch.device(device)
         self.workspace = F.empty_workspace(config.ep_size, config.bytes_per_rank, self.device)

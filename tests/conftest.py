@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +10,6 @@ from pathlib import Path
 import pytest
 
 from flashinfer_a2a.jit import JitSpec, gen_a2a_module
-
-# Simulated ranks (up to 8 in the GPU tests) need a CUDA work queue each plus one (SimulatedRanks refuses otherwise);
-# CUDA reads this once, when it initializes, which no test has done yet at this point.
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 from .jit.jit_testing import set_jit_env
 

@@ -12,12 +12,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..config import CUDA_MAX_CONNECTIONS, request_cuda_connections
 from .args import DTYPES, BenchArgs, parse_args
 from .impls import (A2A, Case, combine_row_bytes, dispatch_row_bytes, make_case, nccl_a2a_steps, nccl_ag_rs_steps,
                     variants)
 from .report import add_derived, format_table, output_paths, write_json, write_plot
-from .session import Session, launched_world_size, start
+from .session import Session, start
 from .timing import PHASES, RankSteps, summarize, time_loop
 
 NO_GPU_MESSAGE = (
@@ -140,10 +139,6 @@ def _main_overlap(args: BenchArgs, session: Session, progress: Callable[[str], N
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if launched_world_size() <= 1:
-        # Simulated ranks need a CUDA work queue each (SimulatedRanks refuses otherwise), and CUDA reads the count
-        # only when it initializes: set it before anything touches CUDA. The user's own value wins.
-        request_cuda_connections(CUDA_MAX_CONNECTIONS)
     if not torch.cuda.is_available():
         print(NO_GPU_MESSAGE, file=sys.stderr)
         return 1
