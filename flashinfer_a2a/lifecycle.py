@@ -103,7 +103,7 @@ class StreamBinding:
         self.stream: Optional[int] = None
 
     def check(self, step: str) -> None:
-        if torch.compiler.is_compiling():  # first: dynamo folds it, and traces nothing below
+        if torch.compiler.is_compiling() or self.device.type != "cuda":  # dynamo folds the first, tracing nothing
             return
         current = _stream_id(self.device)
         if current == self.stream:  # the eager steady state: one comparison

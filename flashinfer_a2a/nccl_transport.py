@@ -70,6 +70,8 @@ def resolve_transport(comm: Any, transport: str, device: Any = None) -> str:
     GPU (one allgather of the ranks' capabilities, decided alike by every rank); a CPU device means ``nccl``."""
     if transport != "auto":
         return transport
+    if getattr(comm, "allocate_workspace", None) is not None:  # it hands out the workspace (simulated ranks)
+        return "nvlink"
     if _is_cpu(device) or not torch.cuda.is_available():
         return "nccl"
     import json

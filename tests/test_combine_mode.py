@@ -92,7 +92,7 @@ def test_functional_combine_refuses_an_unknown_mode_before_any_launch():
 def test_moe_alltoall_pushes_only_where_asked(push_combine, combine_format, one_gpu_per_rank, want):
     a2a = MoeAlltoAll.__new__(MoeAlltoAll)  # the mode needs no workspace: only the construction's choices
     a2a._pushed_wires = pushed_wires(push_combine, combine_format)
-    a2a._symm = types.SimpleNamespace(one_gpu_per_rank=one_gpu_per_rank)
+    a2a._shared = types.SimpleNamespace(allocation=types.SimpleNamespace(one_gpu_per_rank=one_gpu_per_rank))
     assert {wire: a2a.combine_mode(wire) for wire in want} == want
     with pytest.raises(ValueError, match="combine quant_format must be None or 'fp8_block', got 'nvfp4'"):
         a2a.combine_mode("nvfp4")

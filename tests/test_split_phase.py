@@ -109,7 +109,7 @@ def test_split_calls_trace_fullgraph_with_fakes():
     calls = [n for gm in captured for n in gm.graph.nodes if n.op == "call_function"
              and str(n.target).startswith("flashinfer_a2a.")]
     phases = [(str(n.target).split(".")[1], n.args[16] if "dispatch.default" in str(n.target) else
-               n.args[14] if "combine" in str(n.target) else None) for n in calls]
+               n.args[15] if "combine" in str(n.target) else None) for n in calls]
     assert phases == [("dispatch", 1), ("dispatch", 1), ("dispatch_recv", None), ("combine", 1),
                       ("dispatch_recv", None), ("combine", 1), ("combine", 2), ("combine", 2)]
     first_dispatch = calls[0]
@@ -121,7 +121,7 @@ class _CpuWorkspace:
 
     one_gpu_per_rank = False
 
-    def __init__(self, comm, bytes_per_rank, device):
+    def __init__(self, comm, bytes_per_rank):
         self.tensor = fa.functional.empty_workspace(comm.size, bytes_per_rank, "cpu")
         self.bytes_per_rank = bytes_per_rank
 
@@ -139,7 +139,9 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
         def barrier(self):
             pass
 
-    monkeypatch.setattr(moe_alltoall, "SymmetricWorkspace", _CpuWorkspace)
+        def allocate_workspace(self, bytes_per_rank, device):  # the shared workspace's hook: no CUDA memory
+            return _CpuWorkspace(self, bytes_per_rank)
+
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     a2a = MoeAlltoAll(Comm(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, num_sms=3)
     launched = []
