@@ -30,7 +30,11 @@ a2a = MoeAlltoAll(group, max_num_tokens=8192, top_k=8, num_experts=256, hidden_s
 (values, scales, recv_ids, recv_w), counts = a2a.dispatch(
     ids, [hidden_bf16, ids, weights], quant_format="nvfp4", global_scale=gs, swizzled_scales=True)
 # end fused-dispatch
-fused, fused_counts = a2a, counts.cpu()  # its views stay valid: the next example builds another MoeAlltoAll
+# The views share one workspace with every MoeAlltoAll of the group: copy them before the next dispatch, and close
+# the step with a combine (one dispatch may be pending per workspace); this step's experts return zeros.
+values, scales, fused_counts, fused = values.clone(), scales.clone(), counts.cpu(), a2a
+a2a.combine_input().zero_()
+assert not a2a.combine().any()
 
 packed, scales_linear = quantize_nvfp4(hidden_bf16, gs)  # the reference, [num_tokens, 3584] and [num_tokens, 448]
 # begin prequantized-dispatch
