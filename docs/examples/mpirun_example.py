@@ -28,7 +28,7 @@ def toy_experts(recv_x, recv_ids, recv_w, counts, first, end):
 def main():
     comm = MPI.COMM_WORLD
     local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()  # rank within this host, any MPI
-    torch.cuda.set_device(local_rank)
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())  # two ranks may share a GPU
     rank, world = comm.Get_rank(), comm.Get_size()
     num_experts = EXPERTS_PER_RANK * world
     first, end = rank * EXPERTS_PER_RANK, (rank + 1) * EXPERTS_PER_RANK  # contiguous partition

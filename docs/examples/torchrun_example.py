@@ -29,7 +29,7 @@ def toy_experts(recv_x, recv_ids, recv_w, counts, first, end):
 
 
 def main():
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())  # two ranks may share a GPU
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     num_experts = EXPERTS_PER_RANK * world

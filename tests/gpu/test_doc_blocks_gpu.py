@@ -1,0 +1,59 @@
+"""The docs' GPU-only code, run as written: semantics.md's SimulatedRanks block in this process, and the programs
+under docs/examples that the pages include, under torchrun (or mpirun) with their processes sharing this GPU."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ..examples import EXAMPLES
+from ..multigpu.test_multigpu import ROOT, _env
+from ..test_doc_blocks import REPO, python_blocks
+
+
+def _run(cmd: list[str], nproc: int, done: str) -> None:
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    lines = [line for line in out.splitlines() if done in line]
+    for rank in range(nproc):
+        assert any(line.startswith(f"rank {rank}") for line in lines), out[-6000:]
+    print("\n".join(lines))
+
+
+def _torchrun(example: str, nproc: int, done: str) -> None:
+    port = str(27500 + (os.getpid() + hash(example)) % 1000)
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", port,
+          str(EXAMPLES / example)], nproc, done)
+
+
+def test_semantics_block_runs():
+    (block,) = python_blocks(REPO / "docs" / "semantics.md")
+    namespace = {"__name__": "__doc_block__"}
+    exec(compile(block, "docs/semantics.md", "exec"), namespace)  # ends in its own bitwise assert
+    assert [tuple(o.shape) for o in namespace["out"]] == [(n, namespace["hidden"]) for n in namespace["num_tokens"]]
+
+
+@pytest.mark.parametrize(("example", "nproc", "done"), [
+    ("torchrun_example.py", 2, "step 2:"),
+    ("ep_subgroups.py", 4, "sub-group ok"),
+    ("quantized.py", 2, "bitwise ok"),
+])
+def test_example_runs_under_torchrun_on_one_gpu(example, nproc, done):
+    _torchrun(example, nproc, done)
+
+
+def test_mpirun_example_runs_on_one_gpu():
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not found")
+    pytest.importorskip("mpi4py")
+    env = _env()
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2"]
+    for name in ("PYTHONPATH", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+                 "FLASHINFER_A2A_CACHE_DIR"):
+        if name in env:
+            cmd += ["-x", name]
+    _run([*cmd, sys.executable, str(EXAMPLES / "mpirun_example.py")], 2, "step 2:")
