@@ -61,8 +61,8 @@ def _check_timeout(timeout_s: float) -> None:
 def check_split_args(op: str, phase: int, phases: Sequence[str], num_sms: int) -> None:
     """The split-phase selector and the SM budget, as the C++ entries check them (``phases[i]`` names phase i)."""
     if not 0 <= phase < len(phases):
-        named = ", ".join(f"{i} ({name})" for i, name in enumerate(phases))
-        raise ValueError(f"{op} phase must be one of {named}, got {phase}")
+        named = [f"{i} ({name})" for i, name in enumerate(phases)]
+        raise ValueError(f"{op} phase must be {', '.join(named[:-1])} or {named[-1]}, got {phase}")
     if num_sms < 0:
         raise ValueError(f"num_sms must be >= 0 (0: every multiprocessor), got {num_sms}")
 

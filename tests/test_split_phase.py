@@ -182,6 +182,7 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
     assert launched == [("dispatch", 1, 3), ("dispatch_recv",), ("combine", 1, 3), ("combine", 2, 3)]
     with pytest.raises(RuntimeError, match="combine_recv called without a pending dispatch"):
         a2a.combine_recv()
+    a2a.destroy()
 
 
 @pytest.mark.usefixtures("a2a_env")
