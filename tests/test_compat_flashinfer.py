@@ -153,6 +153,7 @@ def one_rank():
     layers = _compat_layers(group, lambda r: fi.Mapping(), [(16, 2, 4, None, 256)])
     yield layers[0][0]
     layers[0][0]._a2a._shared.pending = None
+    layers[0][0]._a2a._shared.order.reset()
     _destroy(group, layers)
 
 
@@ -174,6 +175,7 @@ def test_unsupported_call_arguments_and_misuse_raise_before_any_launch(one_rank)
     with pytest.raises(RuntimeError, match="without a pending dispatch"):
         a2a.get_combine_payload_tensor_in_workspace(16, 256, torch.bfloat16)
     a2a._a2a._shared.pending = (4, 16, torch.zeros(1, dtype=torch.int32))  # what a dispatch leaves (GPU only)
+    a2a._a2a._shared.order.advance("dispatch")
     for kwargs, argument in ((dict(output_dtype=torch.float8_e4m3fn), "output_dtype"),
                              (dict(output_scales=torch.zeros(4, dtype=torch.uint8)), "output_scales"),
                              (dict(output_scalar_scale=0.5), "output_scalar_scale"),

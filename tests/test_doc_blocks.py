@@ -44,6 +44,7 @@ INCLUDED = {
     "mpirun_example.py": "tests/gpu/test_doc_blocks_gpu.py::test_mpirun_example_runs_on_one_gpu",
     "ep_subgroups.py": "tests/gpu/test_doc_blocks_gpu.py::test_example_runs_under_torchrun_on_one_gpu",
     "quantized.py": "tests/gpu/test_doc_blocks_gpu.py::test_example_runs_under_torchrun_on_one_gpu",
+    "overlap.py": "tests/gpu/test_doc_blocks_gpu.py::test_example_runs_under_torchrun_on_one_gpu",
     "transports.py": "tests/test_doc_blocks.py::test_transports_example_runs_on_cpu_under_torchrun",
     "ep_moe_layer.py": "tests/gpu/test_ep_moe_layer.py::test_eager_layer_equals_the_dense_layer",
     "vllm_adapter.py": "tests/gpu/test_compat_engines.py::test_vllm_prepare_finalize_sequence",

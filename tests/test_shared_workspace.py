@@ -89,6 +89,7 @@ def test_pending_dispatch_is_per_shared_workspace():
     with pytest.raises(RuntimeError, match="without a pending dispatch"):
         b.combine_input()
     a._shared.pending = (4, 16, torch.zeros(1, dtype=torch.int32))  # what a dispatch leaves (the kernel needs a GPU)
+    a._shared.order.advance("dispatch")
     with pytest.raises(RuntimeError, match="dispatch called twice"):
         b.dispatch(torch.zeros(4, 8, dtype=torch.int32), [torch.zeros(4, 512, dtype=torch.bfloat16)], 16)
     assert b._shared.pending[0] == 4  # the pending dispatch is left usable
@@ -96,6 +97,7 @@ def test_pending_dispatch_is_per_shared_workspace():
     with pytest.raises(RuntimeError, match="while a dispatch is pending"):
         group.run(lambda rank, comm: _layer(comm, hidden_size=4096))
     a._shared.pending = None
+    a._shared.order.reset()
     group.run(lambda rank, comm: [x.destroy() for x in (a, b, draft)])
 
 

@@ -39,7 +39,7 @@ class _MicroBatch:
     """One micro-batch's workspace (simulated ranks or this process's MoeAlltoAll) and its calls per rank: whole
     and split dispatch and combine, zero copy (the expert outputs already sit in the combine input)."""
 
-    def __init__(self, args: BenchArgs, session: Session, dtype: torch.dtype, num_sms: int) -> None:
+    def __init__(self, args: BenchArgs, session: Session, dtype: torch.dtype, num_sms: int, index: int) -> None:
         self.session, self.num_experts, self.num_sms, self.dtype = session, args.shape.num_experts, num_sms, dtype
         max_tokens = max(args.tokens)
         self.hidden = args.shape.hidden
@@ -53,7 +53,8 @@ class _MicroBatch:
             self.moe = MoeAlltoAll(session.group, max_num_tokens=max_tokens, top_k=args.shape.top_k,
                                    num_experts=args.shape.num_experts, hidden_size=self.hidden, dtype=dtype,
                                    extra_dispatch_bytes_per_token=routing_payload_bytes(args),
-                                   device=session.device.index, num_sms=num_sms or None)
+                                   device=session.device.index, num_sms=num_sms or None,
+                                   namespace=f"overlap-micro-batch-{index}")  # a workspace each
 
     @property
     def workspace(self) -> torch.Tensor:
@@ -126,7 +127,7 @@ def run_overlap(args: BenchArgs, session: Session, progress: Callable[[str], Non
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]
         for num_sms in (0, *args.num_sms):
-            batches = [_MicroBatch(args, session, dtype, num_sms) for _ in range(2)]
+            batches = [_MicroBatch(args, session, dtype, num_sms, index) for index in range(2)]
             try:
                 for tokens in args.tokens:
                     progress(f"overlap: tokens/rank {tokens}, {dtype_name}, num_sms {num_sms or 'all'}")

@@ -40,6 +40,7 @@ def test_semantics_block_runs():
     ("torchrun_example.py", 2, "step 2:"),
     ("ep_subgroups.py", 4, "sub-group ok"),
     ("quantized.py", 2, "bitwise ok"),
+    ("overlap.py", 2, "bitwise ok"),
 ])
 def test_example_runs_under_torchrun_on_one_gpu(example, nproc, done):
     _torchrun(example, nproc, done)
