@@ -1,0 +1,9 @@
+"""MoeAlltoAll(transport="nccl") under torch.compile(fullgraph=True) on 2 spawned gloo ranks (CPU): the padded
+mode's dispatch / combine_input / combine traced through the functional collectives, bitwise equal to the eager
+call and to flashinfer_a2a.reference; exact mode refuses to be traced."""
+
+from .nccl_compile_workers import spawn_gloo
+
+
+def test_compiled_steps_on_gloo(tmp_path):
+    spawn_gloo(["compiled", "exact"], 2, tmp_path)
