@@ -6,6 +6,11 @@ not write into tensors it keeps on a Python object between calls. So while traci
 these functional forms instead: the collectives of ``torch.distributed._functional_collectives`` (traced as
 ``_c10d_functional`` ops with an explicit wait, which dynamo, AOTAutograd and inductor support), and fresh tensors
 for every result. The bytes they move and the rows they keep are the eager path's, so the results are bitwise equal.
+
+Rows of several dtypes cross as one ``uint8`` row. Eagerly a dtype view reinterprets them; traced, a view between
+dtypes of different sizes is not safe: inductor (torch 2.13, CPU) miscompiles a ``float32 -> uint8`` view of a
+computed tensor copied into a wider row, and ``.contiguous()`` of a strided fp8 slice before a view. So traced rows are split into bytes and joined again with shifts through
+the integer type of the element's size (a same-size view, a plain bitcast), little-endian as the eager view.
 """
 
 from __future__ import annotations
@@ -35,6 +40,33 @@ def all_to_all(rows: torch.Tensor, group: Any) -> torch.Tensor:
     return funcol.wait_tensor(funcol.all_to_all_single(rows, None, None, group))
 
 
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def to_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``[rows, ...]`` of any dtype as ``[rows, row_bytes] uint8``, the bytes of an eager ``view(torch.uint8)``."""
+    size, rows = t.element_size(), t.shape[0]
+    # The same-size view first, on the tensor as strided: inductor miscompiles .contiguous() of a strided fp8
+    # slice followed by a dtype view (the bytes come out shifted).
+    ints = t.view(_INT_OF_SIZE[size])
+    if size == 1:
+        return ints.reshape(rows, _width(t))
+    shifts = torch.arange(0, 8 * size, 8, dtype=ints.dtype, device=t.device)
+    return ((ints.unsqueeze(-1) >> shifts) & 0xFF).to(torch.uint8).reshape(rows, _width(t))
+
+
+def from_bytes(b: torch.Tensor, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+    """``[rows, row_bytes] uint8`` as ``[*shape] dtype``, the inverse of :func:`to_bytes`."""
+    size = dtype.itemsize
+    if size == 1:
+        return b.view(dtype).reshape(shape)
+    kind = _INT_OF_SIZE[size]
+    shifts = torch.arange(0, 8 * size, 8, dtype=kind, device=b.device)
+    # The shifted bytes share no bit, so their sum (wrapping in the integer type) is their bitwise or.
+    ints = (b.reshape(b.shape[0], -1, size).to(kind) << shifts).sum(-1, dtype=kind)
+    return ints.view(dtype).reshape(shape)
+
+
 def select_rows(gathered: torch.Tensor, order: torch.Tensor, wire: Sequence[torch.Tensor], offsets: Sequence[int],
                 ep_size: int, runtime_max: int) -> list[torch.Tensor]:
     """The receive payloads ``[ep_size, runtime_max, ...]``: payload ``i``'s bytes (columns from ``offsets[i]``) of
@@ -43,7 +75,7 @@ def select_rows(gathered: torch.Tensor, order: torch.Tensor, wire: Sequence[torc
     for p, off in zip(wire, offsets):
         width = _width(p)
         rows = gathered[:, off : off + width].index_select(0, order)
-        recv.append(rows.view(p.dtype).reshape(ep_size, runtime_max, *p.shape[1:]))
+        recv.append(from_bytes(rows, p.dtype, (ep_size, runtime_max, *p.shape[1:])))
     return recv
 
 

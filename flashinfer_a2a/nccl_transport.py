@@ -140,6 +140,8 @@ def _row_width(t: torch.Tensor) -> int:
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """``[rows, ...]`` of any dtype as ``[rows, row_bytes] uint8`` (a copy only if strided)."""
+    if traced.tracing():
+        return traced.to_bytes(t)
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], _row_width(t))
 
 
@@ -450,10 +452,16 @@ class NcclTransport:
     def _from_wire(self, returned: torch.Tensor, partials: torch.Tensor, quant_format: Optional[str]) -> torch.Tensor:
         """``[ep_size, runtime_max, hidden]`` rows to sum (fp32 when they crossed as FP8)."""
         ep_size, rm, hidden = partials.shape
-        if quant_format is None:
+        if traced.tracing():
+            if quant_format is None:
+                return traced.from_bytes(returned, partials.dtype, (ep_size, rm, hidden))
+            values = traced.from_bytes(returned[:, :hidden], torch.float8_e4m3fn, (ep_size * rm, hidden))
+            scales = traced.from_bytes(returned[:, hidden:], torch.float32, (ep_size * rm, -1))
+        elif quant_format is None:
             return returned.view(partials.dtype).view(ep_size, rm, hidden)
-        values = returned[:, :hidden].view(torch.float8_e4m3fn)
-        scales = returned[:, hidden:].contiguous().view(torch.float32)
+        else:
+            values = returned[:, :hidden].view(torch.float8_e4m3fn)
+            scales = returned[:, hidden:].contiguous().view(torch.float32)
         rows = quant.dequantize_fp8_block(values, scales).view(ep_size, rm, hidden)
         rows[self.ep_rank] = partials[self.ep_rank].float()  # a rank's own partials cross no link: exact
         return rows

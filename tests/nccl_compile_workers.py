@@ -101,7 +101,7 @@ def check_compiled(rank: int, ep_size: int, device, backend: str = "aot_eager") 
                 if swizzled:
                     recv = _unswizzle(recv, fmt, runtime_max)
                 check_recv(rank, recv, counts, ref, runtime_max)
-                assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), f"{name} combine differs"
+                assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), f"case {case}: {name} combine differs"
             assert torch.equal(got[1], eager[1])
             assert torch.equal(got[2].view(torch.uint8), eager[2].view(torch.uint8))
         assert counting.graphs == 1, f"case {case}: {counting.graphs} graphs for 3 calls of one shape"
@@ -123,7 +123,11 @@ def check_exact_refuses_compile(rank: int, ep_size: int, device) -> None:
     moe.destroy()
 
 
-CHECKS = {"compiled": check_compiled, "exact": check_exact_refuses_compile}
+CHECKS = {
+    "aot_eager": check_compiled,
+    "inductor": lambda rank, ep_size, device: check_compiled(rank, ep_size, device, backend="inductor"),
+    "exact": check_exact_refuses_compile,
+}
 
 
 def spawn_gloo(checks: list[str], world_size: int, tmp_path: Path, timeout_s: float = 600.0) -> None:

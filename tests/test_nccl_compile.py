@@ -2,8 +2,11 @@
 mode's dispatch / combine_input / combine traced through the functional collectives, bitwise equal to the eager
 call and to flashinfer_a2a.reference; exact mode refuses to be traced."""
 
+import pytest
+
 from .nccl_compile_workers import spawn_gloo
 
 
-def test_compiled_steps_on_gloo(tmp_path):
-    spawn_gloo(["compiled", "exact"], 2, tmp_path)
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_steps_on_gloo(tmp_path, backend):
+    spawn_gloo([backend] + (["exact"] if backend == "aot_eager" else []), 2, tmp_path)
