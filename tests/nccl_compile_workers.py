@@ -67,13 +67,17 @@ def _unswizzle(recv, fmt, runtime_max):
     return [recv[0], rows[:, :runtime_max, :cols], *recv[2:]]
 
 
-def check_compiled(rank: int, ep_size: int, device, backend: str = "aot_eager") -> None:
-    """Per case (bf16, fp8_block, nvfp4 with swizzled scales; partials given or written into combine_input): the
-    compiled step on three fresh inputs (one graph for all), each against the eager step and the reference."""
+# (quant_format, swizzled_scales, zero-copy combine): bf16 with partials given or written into combine_input, then
+# quantizing dispatches with the FP8 combine.
+CASES = [(None, False, False), (None, False, True), ("fp8_block", False, True), ("nvfp4", True, False)]
+
+
+def check_compiled(rank: int, ep_size: int, device, backend: str = "aot_eager", cases=CASES) -> None:
+    """Per case of ``cases``: the compiled step on three fresh inputs (one graph for all), each against the eager
+    step and the reference."""
     runtime_max = 24
     moe = MoeAlltoAll(None, max_num_tokens=runtime_max, top_k=TOP_K, num_experts=NUM_EXPERTS, hidden_size=HIDDEN,
                       device=device, transport="nccl")
-    cases = [(None, False, False), (None, False, True), ("fp8_block", False, True), ("nvfp4", True, False)]
     for case, (fmt, swizzled, zero_copy) in enumerate(cases):
         step = make_step(moe, runtime_max, fmt, swizzled, zero_copy)
         counting = Counting(backend)
