@@ -7,7 +7,8 @@ are those of the NVLink path, so a bf16 result equals it bit for bit.
 
 Two modes:
 
-- **padded** (default, no host synchronisation, CUDA-graph capturable). Dispatch: quantize ``payloads[0]`` if asked,
+- **padded** (default, no host synchronisation, CUDA-graph capturable, traceable by ``torch.compile``: while tracing
+  the collectives are the functional ones and every result a fresh tensor, :mod:`flashinfer_a2a.nccl_traced`). Dispatch: quantize ``payloads[0]`` if asked,
   pack each token's destination bitmask and payload bytes into a ``[runtime_max, row_bytes]`` send buffer, one
   ``all_gather_into_tensor`` (``all_gather_single`` in torch 2.13), then keep, per source block, the rows whose
   bitmask names this rank, in increasing token order (a stable argsort of the mask and a gather). Combine: one
@@ -166,12 +167,15 @@ class Pending:
 class NcclTransport:
     """Dispatch and combine of one expert-parallel group over its process group's collectives (module docstring).
 
+    ``dispatch``, ``combine_input`` and ``combine`` of the padded mode trace under ``torch.compile(fullgraph=True)``
+    (one traced step with the expert computation between them); results equal the eager call's (docs/multi_node.md).
+
     Args:
         group: the ``torch.distributed`` process group (NCCL on GPUs, gloo on CPU; the default group if None).
         num_experts: experts over all ranks.
         max_num_tokens: bound of ``runtime_max_tokens_per_rank``.
         device: where the buffers live (default: the current CUDA device); ``"cpu"`` with a gloo group.
-        exact: counts first, then only the routed rows (eager only; see the module docstring).
+        exact: counts first, then only the routed rows (eager only: raises inside torch.compile or a CUDA graph).
         debug: check ids on the host and that every rank makes the same call (host synchronisations).
     """
 
