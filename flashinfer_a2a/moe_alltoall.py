@@ -57,7 +57,8 @@ class MoeAlltoAll(SplitPhaseMixin):
         transport: ``"nvlink"`` (one-sided, symmetric memory), ``"nccl"`` (the collectives of ``group``, a
             ``torch.distributed`` process group: across nodes, or on CPU over gloo; see
             :mod:`flashinfer_a2a.nccl_transport` and docs/multi_node.md) or ``"auto"``: nvlink when every rank can map
-            every peer's memory, decided collectively, else nccl. The same calls, layouts and results either way.
+            every peer's memory, decided collectively, else nccl. The same calls, layouts and results either way,
+            and both trace under ``torch.compile(fullgraph=True)`` (nccl: padded mode, docs/multi_node.md).
         exact: nccl only: exchange the counts first (a host synchronisation, eager only), then move only the routed
             rows instead of every rank's ``runtime_max`` rows.
         namespace: every MoeAlltoAll of one group and namespace shares one workspace, grown to the largest of their

@@ -7,7 +7,8 @@ are those of the NVLink path, so a bf16 result equals it bit for bit.
 
 Two modes:
 
-- **padded** (default, no host synchronisation, CUDA-graph capturable). Dispatch: quantize ``payloads[0]`` if asked,
+- **padded** (default, no host synchronisation, CUDA-graph capturable, traceable by ``torch.compile``: while tracing
+  the collectives are the functional ones and every result a fresh tensor, :mod:`flashinfer_a2a.nccl_traced`). Dispatch: quantize ``payloads[0]`` if asked,
   pack each token's destination bitmask and payload bytes into a ``[runtime_max, row_bytes]`` send buffer, one
   ``all_gather_into_tensor`` (``all_gather_single`` in torch 2.13), then keep, per source block, the rows whose
   bitmask names this rank, in increasing token order (a stable argsort of the mask and a gather). Combine: one
@@ -42,6 +43,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from . import nccl_traced as traced
 from .reference import quant
 from .validation import check_topk_ids_on_host
 from .wire_formats import WireFormat, check_combine_format, wire_format
@@ -141,6 +143,8 @@ def _row_width(t: torch.Tensor) -> int:
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """``[rows, ...]`` of any dtype as ``[rows, row_bytes] uint8`` (a copy only if strided)."""
+    if traced.tracing():
+        return traced.to_bytes(t)
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], _row_width(t))
 
 
@@ -155,6 +159,7 @@ class Pending:
     runtime_max: int
     recv_counts: torch.Tensor  # [ep_size] int32
     exact_splits: Optional[tuple[list[int], list[int]]] = None  # exact mode: (sent to each rank, got from each)
+    combine_input: Optional[torch.Tensor] = None  # traced calls: the combine input combine_input handed out
 
     @property
     def num_tokens(self) -> int:
@@ -164,12 +169,15 @@ class Pending:
 class NcclTransport:
     """Dispatch and combine of one expert-parallel group over its process group's collectives (module docstring).
 
+    ``dispatch``, ``combine_input`` and ``combine`` of the padded mode trace under ``torch.compile(fullgraph=True)``
+    (one traced step with the expert computation between them); results equal the eager call's (docs/multi_node.md).
+
     Args:
         group: the ``torch.distributed`` process group (NCCL on GPUs, gloo on CPU; the default group if None).
         num_experts: experts over all ranks.
         max_num_tokens: bound of ``runtime_max_tokens_per_rank``.
         device: where the buffers live (default: the current CUDA device); ``"cpu"`` with a gloo group.
-        exact: counts first, then only the routed rows (eager only; see the module docstring).
+        exact: counts first, then only the routed rows (eager only: raises inside torch.compile or a CUDA graph).
         debug: check ids on the host and that every rank makes the same call (host synchronisations).
     """
 
@@ -200,7 +208,9 @@ class NcclTransport:
 
     def _buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """A tensor kept per (name, shape, dtype): a replayed CUDA graph reuses its memory, eager calls allocate
-        nothing after the first of a shape."""
+        nothing after the first of a shape. A traced call allocates: the graph owns its memory, nothing is kept."""
+        if traced.tracing():
+            return torch.empty(shape, dtype=dtype, device=self.device)
         key = (name, tuple(shape), dtype)
         buf = self._buffers.get(key)
         if buf is None:
@@ -220,6 +230,9 @@ class NcclTransport:
         self._check_alive()
         if self._pending is not None:
             raise RuntimeError("MoeAlltoAll.dispatch called twice: call combine for the previous dispatch first")
+        if self.exact and traced.tracing():
+            raise RuntimeError("exact=True synchronises with the host (it exchanges the counts first): call it "
+                               "eagerly, not inside torch.compile (the padded mode, exact=False, traces)")
         fmt = self._check_dispatch(topk_ids, payloads, runtime_max, quant_format, global_scale, swizzled_scales)
         if self.debug and _eager():
             check_topk_ids_on_host(topk_ids, self.num_experts)
@@ -230,13 +243,15 @@ class NcclTransport:
             wire[:1] = self._quantize(payloads[0], fmt, global_scale)
         if self.exact:
             recv, splits = self._dispatch_exact(mask, wire, runtime_max)
+            counts = self._recv_counts
         else:
-            recv, splits = self._dispatch_padded(mask, wire, runtime_max), None
+            (recv, counts), splits = self._dispatch_padded(mask, wire, runtime_max), None
         if fmt is not None and swizzled_scales:
             recv[1] = self._swizzle(recv[1], fmt, payloads[0].shape[-1], runtime_max)
-        self._pending = Pending(mask, runtime_max, self._recv_counts, splits)
-        self._calls += 1
-        return recv, self._recv_counts
+        self._pending = Pending(mask, runtime_max, counts, splits)
+        if not traced.tracing():  # only debug mode reads it, eagerly; a traced int would be guarded on
+            self._calls += 1
+        return recv, counts
 
     def _check_dispatch(self, topk_ids, payloads, runtime_max, quant_format, global_scale,
                         swizzled_scales) -> Optional[WireFormat]:
@@ -285,7 +300,8 @@ class NcclTransport:
         """``[ep_size, runtime_max, cols]`` -> one 128x4-tile grid per source block, padding zero."""
         cols = fmt.scale_cols(hidden)
         size = fmt.swizzled_scale_bytes(runtime_max, hidden)
-        index = self._buffers.get(("swizzle index", runtime_max, cols))
+        index = traced.swizzled_index(runtime_max, cols, self.device) if traced.tracing() else \
+            self._buffers.get(("swizzle index", runtime_max, cols))
         if index is None:  # built in the first (eager) call of this shape; a capture replays it
             index = quant._swizzled_index(runtime_max, cols).flatten().to(self.device)
             self._buffers[("swizzle index", runtime_max, cols)] = index
@@ -308,21 +324,29 @@ class NcclTransport:
         offsets = [sum(widths[:i]) for i in range(len(widths))]
         for seg, off, width in zip(segments, offsets, widths):
             send[:n, off : off + width] = seg
-        gathered = self._buffer("gathered", (ep_size * runtime_max, total), torch.uint8)
-        self._all_gather(gathered, send, group=self.group)
+        if traced.tracing():
+            gathered = traced.all_gather(send, self.group)
+        else:
+            gathered = self._buffer("gathered", (ep_size * runtime_max, total), torch.uint8)
+            self._all_gather(gathered, send, group=self.group)
         byte, bit = divmod(self.ep_rank, 8)
         mine = ((gathered[:, byte] >> bit) & 1).view(ep_size, runtime_max)
-        torch.sum(mine, dim=1, dtype=torch.int32, out=self._recv_counts)
+        if traced.tracing():  # a fresh counts tensor: a traced graph must not write one kept between calls
+            counts = torch.sum(mine, dim=1, dtype=torch.int32)
+        else:
+            counts = torch.sum(mine, dim=1, dtype=torch.int32, out=self._recv_counts)
         # A stable sort of "not mine" puts each block's rows for this rank first, in increasing token order: the
         # NVLink path's receive order. Rows past the count hold other rows of the block (unspecified by contract).
         order = torch.argsort(1 - mine, dim=1, stable=True)
         order += torch.arange(0, ep_size * runtime_max, runtime_max, device=self.device).unsqueeze(1)
         order = order.view(-1)
+        if traced.tracing():
+            return traced.select_rows(gathered, order, wire, offsets[1:], ep_size, runtime_max), counts
         recv = self._recv_buffers(wire, runtime_max)
         for buf, off, width in zip(recv, offsets[1:], widths[1:]):
             torch.index_select(gathered[:, off : off + width], 0, order,
                                out=buf.view(torch.uint8).view(ep_size * runtime_max, width))
-        return recv
+        return recv, counts
 
     def _dispatch_exact(self, mask: torch.Tensor, wire: Sequence[torch.Tensor], runtime_max: int):
         if not _eager():
@@ -369,7 +393,13 @@ class NcclTransport:
         """``[ep_size, runtime_max, hidden]`` for the expert outputs of the pending dispatch (then combine with no
         partials)."""
         pending = self._require_pending("combine_input")
-        return self._buffer("combine input", (self.ep_size, pending.runtime_max, hidden), dtype)
+        shape = (self.ep_size, pending.runtime_max, hidden)
+        if traced.tracing():  # kept with the pending dispatch, so combine reads what the caller wrote here
+            given = pending.combine_input
+            if given is None or tuple(given.shape) != shape or given.dtype != dtype:
+                given = pending.combine_input = torch.empty(shape, dtype=dtype, device=self.device)
+            return given
+        return self._buffer("combine input", shape, dtype)
 
     def combine(self, partials: Optional[torch.Tensor], hidden: int, dtype: torch.dtype, *,
                 out: Optional[torch.Tensor] = None, quant_format: Optional[str] = None) -> torch.Tensor:
@@ -413,6 +443,8 @@ class NcclTransport:
         """Block ``[d]`` of the result: the rows rank d computed for this rank's tokens, in d's slot order."""
         ep_size, rm = self.ep_size, pending.runtime_max
         returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8)
+        if pending.exact_splits is None and traced.tracing():
+            return traced.all_to_all(wire, self.group)
         if pending.exact_splits is None:
             self._dist.all_to_all_single(returned, wire, group=self.group)
             return returned
@@ -426,10 +458,16 @@ class NcclTransport:
     def _from_wire(self, returned: torch.Tensor, partials: torch.Tensor, quant_format: Optional[str]) -> torch.Tensor:
         """``[ep_size, runtime_max, hidden]`` rows to sum (fp32 when they crossed as FP8)."""
         ep_size, rm, hidden = partials.shape
-        if quant_format is None:
+        if traced.tracing():
+            if quant_format is None:
+                return traced.from_bytes(returned, partials.dtype, (ep_size, rm, hidden))
+            values = traced.from_bytes(returned[:, :hidden], torch.float8_e4m3fn, (ep_size * rm, hidden))
+            scales = traced.from_bytes(returned[:, hidden:], torch.float32, (ep_size * rm, -1))
+        elif quant_format is None:
             return returned.view(partials.dtype).view(ep_size, rm, hidden)
-        values = returned[:, :hidden].view(torch.float8_e4m3fn)
-        scales = returned[:, hidden:].contiguous().view(torch.float32)
+        else:
+            values = returned[:, :hidden].view(torch.float8_e4m3fn)
+            scales = returned[:, hidden:].contiguous().view(torch.float32)
         rows = quant.dequantize_fp8_block(values, scales).view(ep_size, rm, hidden)
         rows[self.ep_rank] = partials[self.ep_rank].float()  # a rank's own partials cross no link: exact
         return rows

@@ -1,5 +1,6 @@
 """The nccl transport on one GPU: a world of one rank over NCCL, eager (every check of the CPU suite), inside a
-CUDA graph, and bitwise against the nvlink transport (its fused quantizing kernels included)."""
+CUDA graph, under torch.compile(fullgraph=True), and bitwise against the nvlink transport (its fused quantizing kernels
+included)."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from flashinfer_a2a import MoeAlltoAll
 from flashinfer_a2a.reference import quant, reference_combine, reference_dispatch
 
+from ..nccl_compile_workers import CASES, check_compiled, check_exact_refuses_compile
 from ..nccl_workers import HIDDEN, NUM_EXPERTS, TOP_K, check_errors, check_transport, poison, rank_inputs
 
 
@@ -124,3 +126,11 @@ def test_reference_quantizers_run_alike_on_the_gpu(fmt):
     on_gpu = quant.quantize(x.cuda(), fmt, None if gs is None else torch.tensor(gs, device="cuda"))
     for a, b in zip(on_cpu, on_gpu):
         assert torch.equal(a.view(torch.uint8), b.cpu().view(torch.uint8))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_matches_eager_and_reference(nccl_world, backend):
+    """dispatch / combine_input / combine traced whole; inductor for bf16 only: Triton may round the reference
+    quantizers' fp32 divisions differently from eager CUDA (docs/multi_node.md)."""
+    check_compiled(0, 1, "cuda", backend, CASES if backend == "aot_eager" else [c for c in CASES if c[0] is None])
+    check_exact_refuses_compile(0, 1, "cuda")
