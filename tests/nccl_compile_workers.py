@@ -8,8 +8,6 @@ of the whole group and compares its own share.
 
 from __future__ import annotations
 
-import os
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,7 +16,8 @@ import torch
 from flashinfer_a2a import MoeAlltoAll
 from flashinfer_a2a.reference import quant, reference_combine, reference_dispatch
 
-from .comm_workers import expect_raises, launch
+from . import nccl_workers
+from .comm_workers import expect_raises
 from .nccl_workers import HIDDEN, NUM_EXPERTS, TOP_K, check_recv, poison, rank_inputs
 
 # A rank compiles while its peers may already wait in the first collective: room for a slow compile on shared cores.
@@ -136,18 +135,5 @@ CHECKS = {
 
 def spawn_gloo(checks: list[str], world_size: int, tmp_path: Path, timeout_s: float = 600.0) -> None:
     """Runs the named checks on ``world_size`` spawned gloo ranks (CPU tensors); re-raises a rank's error."""
-    launch(_gloo_entry, (world_size, str(tmp_path), checks), world_size, str(checks), timeout_s)
-
-
-def _gloo_entry(rank: int, world_size: int, tmp: str, checks: list[str]) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)  # several ranks share two cores
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/filestore", rank=rank, world_size=world_size,
-                            timeout=COMPILE_TIMEOUT)
-    for check in checks:
-        CHECKS[check](rank, world_size, "cpu")
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # see tests/comm_workers.py: skip interpreter finalization (gloo aborts there now and then)
+    nccl_workers.spawn_gloo(checks, world_size, tmp_path, timeout_s, module=__name__,
+                            collective_timeout=COMPILE_TIMEOUT)

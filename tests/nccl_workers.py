@@ -155,19 +155,24 @@ CHECKS = {
 }
 
 
-def spawn_gloo(checks: list[str], world_size: int, tmp_path: Path, timeout_s: float = 240.0) -> None:
-    """Runs the named checks on ``world_size`` spawned gloo ranks (CPU tensors); re-raises a rank's error."""
-    launch(_gloo_entry, (world_size, str(tmp_path), checks), world_size, str(checks), timeout_s)
+def spawn_gloo(checks: list[str], world_size: int, tmp_path: Path, timeout_s: float = 240.0, *, module: str = __name__,
+               collective_timeout=COLLECTIVE_TIMEOUT) -> None:
+    """Runs the named checks of ``module``'s ``CHECKS`` (this module's by default) on ``world_size`` spawned gloo
+    ranks (CPU tensors); re-raises a rank's error."""
+    launch(_gloo_entry, (world_size, str(tmp_path), checks, module, collective_timeout), world_size, str(checks),
+           timeout_s)
 
 
-def _gloo_entry(rank: int, world_size: int, tmp: str, checks: list[str]) -> None:
+def _gloo_entry(rank: int, world_size: int, tmp: str, checks: list[str], module: str, collective_timeout) -> None:
+    import importlib
+
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # several ranks share two cores
     dist.init_process_group("gloo", init_method=f"file://{tmp}/filestore", rank=rank, world_size=world_size,
-                            timeout=COLLECTIVE_TIMEOUT)
+                            timeout=collective_timeout)
     for check in checks:
-        CHECKS[check](rank, world_size, "cpu")
+        importlib.import_module(module).CHECKS[check](rank, world_size, "cpu")
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

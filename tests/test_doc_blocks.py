@@ -143,6 +143,7 @@ def test_transports_example_runs_on_cpu_under_torchrun():
     for rank in range(2):
         assert f"rank {rank}: MoeAlltoAll over the nccl transport ok" in out, out[-6000:]
         assert f"rank {rank}: NcclTransport ok" in out, out[-6000:]
+        assert f"rank {rank}: compiled step over the nccl transport ok" in out, out[-6000:]
 
 
 def _commands(page: Path) -> list[str]:

@@ -53,4 +53,30 @@ out = t.combine(partials, hidden=x.shape[1], dtype=x.dtype)   # x[t] times the n
 went_to = went_to[:100]
 assert torch.equal(out, (x.float() * went_to).to(x.dtype)), "NcclTransport combine differs"
 print(f"rank {rank}: NcclTransport ok, received {recv_counts.tolist()} tokens", flush=True)
+t.destroy()
+
+topk_weights = topk_weights[:100]
+
+
+def experts(recv_x, recv_w, counts):  # identity experts
+    return recv_x
+
+
+# begin compile
+a2a = MoeAlltoAll(group, max_num_tokens=256, top_k=8, num_experts=256, hidden_size=7168, device=device,
+                  transport="nccl")
+
+
+@torch.compile(fullgraph=True)
+def moe_step(topk_ids, x, topk_weights):
+    (recv_x, recv_w), counts = a2a.dispatch(topk_ids, [x, topk_weights])
+    a2a.combine_input().copy_(experts(recv_x, recv_w, counts))  # or: return a2a.combine(partials)
+    return a2a.combine()
+# end compile
+
+
+out = moe_step(topk_ids, x, topk_weights)
+assert torch.equal(out, (x.float() * went_to).to(x.dtype)), "compiled MoeAlltoAll step differs"
+print(f"rank {rank}: compiled step over the nccl transport ok", flush=True)
+a2a.destroy()
 dist.destroy_process_group()
