@@ -98,7 +98,7 @@ class MoeAlltoAll(SplitPhaseMixin):
             dispatch_format=dispatch_format, swizzled_scales=swizzled_scales, combine_format=combine_format,
             push_combine=push_combine, dispatch_bytes_per_token=dispatch_bytes_per_token,
             combine_bytes_per_token=combine_bytes_per_token, transport=transport, exact=exact,
-            num_sms=num_sms))
+            num_sms=num_sms, namespace=namespace))  # the namespace too: sharing and growth must be collective
         check_transport(transport, exact)
         if num_sms is not None and (not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 1):
             raise ValueError(f"num_sms must be None (every multiprocessor) or an int >= 1, got {num_sms!r}")
