@@ -8,14 +8,14 @@ import torch
 
 from . import config as _config
 from . import functional as F
-from . import shared_workspace
+from . import shared_workspace, sizing
 from .agreement import check_agreement, construction_record
 from .combine_mode import pushed_wires
 from .comm import as_communicator
 from .lifecycle import barrier_within
 from .nccl_transport import NcclTransport, check_transport, process_group_of, resolve_transport
 from .split_phase import SplitPhaseMixin
-from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
+from .wire_formats import check_combine_format, wire_format
 
 
 class MoeAlltoAll(SplitPhaseMixin):
@@ -116,20 +116,16 @@ class MoeAlltoAll(SplitPhaseMixin):
         # 1 us a variable that is not set).
         self._timeout_s, self._debug = _config.timeout_s(), _config.debug()
         extra = top_k * (8 + 4) if extra_dispatch_bytes_per_token is None else extra_dispatch_bytes_per_token
-        fmt = None if dispatch_format is None else wire_format(dispatch_format)  # checked even when unused
+        if dispatch_format is not None:
+            wire_format(dispatch_format)  # checked even when unused
         if dispatch_bytes_per_token is None:
-            hidden_bytes = (hidden_size * dtype.itemsize if fmt is None
-                            else fmt.dispatch_bytes_per_token(hidden_size, max_num_tokens, swizzled_scales))
-            dispatch_bytes_per_token = hidden_bytes + extra
+            dispatch_bytes_per_token = extra + sizing.hidden_bytes_per_token(hidden_size, dtype, dispatch_format,
+                                                                             max_num_tokens, swizzled_scales)
         check_combine_format(combine_format)  # checked even when unused
         if combine_bytes_per_token is None:
-            if push_combine or combine_format is not None:
-                combine_bytes_per_token = push_combine_bytes_per_token(hidden_size, dtype,
-                                                                       None if push_combine else combine_format)
-            else:
-                combine_bytes_per_token = hidden_size * dtype.itemsize
+            combine_bytes_per_token = sizing.combine_bytes_per_token(hidden_size, dtype, combine_format, push_combine)
         elif hidden_size is not None and (push_combine or combine_format is not None):
-            needed = push_combine_bytes_per_token(hidden_size, dtype, None if push_combine else combine_format)
+            needed = sizing.combine_bytes_per_token(hidden_size, dtype, combine_format, push_combine)
             if combine_bytes_per_token < needed:
                 raise ValueError(f"combine_bytes_per_token={combine_bytes_per_token} is too small for the pushed "
                                  f"combine that push_combine={push_combine}, combine_format={combine_format!r} ask "

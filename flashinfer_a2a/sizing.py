@@ -36,12 +36,28 @@ def dispatch_bytes_per_token(hidden_size: int, top_k: int, *, dtype: torch.dtype
         raise TypeError(f"ids_dtype must be torch.int32 or torch.int64, got {ids_dtype}")
     if extra_bytes_per_token < 0:
         raise ValueError(f"extra_bytes_per_token must be >= 0, got {extra_bytes_per_token}")
-    if wire is None:
-        hidden_bytes = hidden_size * dtype.itemsize
-    else:
-        hidden_bytes = wire_format(wire, "wire").dispatch_bytes_per_token(hidden_size, max_num_tokens,
-                                                                          swizzled_scales)
+    hidden_bytes = hidden_bytes_per_token(hidden_size, dtype, wire, max_num_tokens, swizzled_scales, "wire")
     return hidden_bytes + top_k * ids_dtype.itemsize + top_k * 4 + extra_bytes_per_token
+
+
+def hidden_bytes_per_token(hidden_size: int, dtype: torch.dtype, wire: Optional[str] = None, max_num_tokens: int = 1,
+                           swizzled_scales: bool = False, argument: str = "dispatch_format") -> int:
+    """Dispatch bytes of one token's hidden state: ``hidden_size x dtype``, or the values and scales of ``wire``
+    (ValueError naming ``argument`` for an unknown format)."""
+    if wire is None:
+        return hidden_size * dtype.itemsize
+    return wire_format(wire, argument).dispatch_bytes_per_token(hidden_size, max_num_tokens, swizzled_scales)
+
+
+def combine_bytes_per_token(hidden_size: int, dtype: torch.dtype, combine_format: Optional[str] = None,
+                            push_combine: bool = False) -> int:
+    """Combine bytes of one token: a ``hidden_size x dtype`` partial, or, when the combine is pushed
+    (``push_combine``, or an FP8 ``combine_format``), the partial and its landing row
+    (:func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`)."""
+    check_combine_format(combine_format)
+    if push_combine or combine_format is not None:
+        return push_combine_bytes_per_token(hidden_size, dtype, None if push_combine else combine_format)
+    return hidden_size * dtype.itemsize
 
 
 def workspace_config(ep_size: int, max_num_tokens: int, hidden_size: int, top_k: int, *,
@@ -71,11 +87,7 @@ def workspace_config(ep_size: int, max_num_tokens: int, hidden_size: int, top_k:
     dispatch = dispatch_bytes_per_token(hidden_size, top_k, dtype=dtype, wire=wire, max_num_tokens=max_num_tokens,
                                         swizzled_scales=swizzled_scales, ids_dtype=ids_dtype,
                                         extra_bytes_per_token=extra_bytes_per_token)
-    check_combine_format(combine_format)
-    if push_combine or combine_format is not None:
-        combine = push_combine_bytes_per_token(hidden_size, dtype, None if push_combine else combine_format)
-    else:
-        combine = hidden_size * dtype.itemsize
+    combine = combine_bytes_per_token(hidden_size, dtype, combine_format, push_combine)
     return WorkspaceConfig(ep_size=ep_size, max_num_tokens=max_num_tokens, dispatch_bytes_per_token=dispatch,
                            combine_bytes_per_token=combine, top_k=top_k)
 

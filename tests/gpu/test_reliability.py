@@ -13,21 +13,9 @@ from flashinfer_a2a.simulate import SimulatedRanks
 from flashinfer_a2a.symm_mem import SymmetricWorkspace
 
 from .cases import Case, run_case
+from .test_moe_alltoall_one_rank import OneRank
 
 HIDDEN, TOP_K, EXPERTS, MAX_TOKENS = 256, 4, 8, 32
-
-
-class OneRank:
-    rank, size = 0, 1
-
-    def allgather(self, data):
-        return [bytes(data)]
-
-    def broadcast(self, data, root=0):
-        return bytes(data)
-
-    def barrier(self):
-        pass
 
 
 def _sim() -> SimulatedRanks:
