@@ -135,8 +135,9 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   // Vector width of the sums, which read this rank's own partials where the caller put them, and of the pushes.
   const int pull_vec =
       VecBytesFor(row_bytes, reinterpret_cast<uintptr_t>(params.output), reinterpret_cast<uintptr_t>(input));
-  A2A_CUDA_CHECK(
-      LaunchCombine(params, type, pull_vec, SmBudget(num_sms, workspace.device().device_id), one_gpu_per_rank, stream));
+  const int device = workspace.device().device_id;
+  A2A_CUDA_CHECK(LaunchCombine(params, type, pull_vec, SmBudget(num_sms, device), NumSMs(device), one_gpu_per_rank,
+                               stream));
 }
 
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id) {

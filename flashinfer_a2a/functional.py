@@ -380,10 +380,11 @@ def combine(
             token received from src), or None when they were written into :func:`combine_input` (zero copy).
         out: optional ``[num_tokens, hidden]`` output of the partials' dtype.
         hidden, dtype: the combine row shape when neither ``partials`` nor ``out`` gives it.
-        one_gpu_per_rank: promise that no two ranks share a GPU (true across processes, false for simulated ranks):
-            a small zero-copy combine then runs as one kernel whose blocks all wait for the peers, a launch fewer.
-            With ranks sharing a GPU such a kernel could hold every multiprocessor while a peer on the same GPU still
-            needs one.
+        one_gpu_per_rank: promise that no two ranks share a GPU (true across processes, false for simulated ranks).
+            A small zero-copy combine runs as one kernel whose blocks all wait for the peers, a launch fewer. Without
+            the promise it does so only while the waiting blocks of all ``ep_size`` ranks together leave a
+            multiprocessor free, so a peer on the same GPU can always run what it still has to; larger pulls use the
+            two-kernel combine.
         combine_mode: ``"pull"`` (default): every rank publishes its partials and each token's owner loads and sums
             them. ``"push"``: each rank stores its partials into their owners' workspaces and the owners sum them
             as they land; needs ``one_gpu_per_rank`` and ``config.combine_bytes_per_token`` with room for a landing

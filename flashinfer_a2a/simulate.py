@@ -30,6 +30,11 @@ class SimulatedRanks:
         self.device = torch.device(device)
         self.workspace = F.empty_workspace(config.ep_size, config.bytes_per_rank, self.device)
         self.streams = [torch.cuda.Stream(self.device) for _ in range(config.ep_size)]
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        #: The SM budget each rank's dispatch gets unless the call names one: an equal share of the GPU, so that
+        #: the ranks' grids run side by side instead of in turns (a rank's dispatch blocks each take a whole
+        #: multiprocessor, and every rank's must have started before any can finish).
+        self.dispatch_sms = max(1, sms // config.ep_size)
         self.initialize()
 
     @property
@@ -65,7 +70,9 @@ class SimulatedRanks:
 
     def dispatch(self, topk_ids: Sequence[torch.Tensor], payloads: Sequence[Sequence[torch.Tensor]],
                  runtime_max_tokens_per_rank: int, num_experts: int, **kwargs):
-        """Dispatch on every rank; returns per rank ``(recv_payloads, recv_counts)``."""
+        """Dispatch on every rank; returns per rank ``(recv_payloads, recv_counts)``. ``num_sms`` defaults to
+        :attr:`dispatch_sms`."""
+        kwargs["num_sms"] = kwargs.get("num_sms") or self.dispatch_sms
         return self.run(lambda r: F.dispatch(self.workspace, r, self.config, topk_ids[r], payloads[r],
                                              runtime_max_tokens_per_rank, num_experts, **kwargs))
 

@@ -23,7 +23,7 @@ T = TypeVar("T")
 class _Allocation:
     """One rank's handle on the shared simulated workspace (the interface ``allocate_workspace`` returns)."""
 
-    one_gpu_per_rank = False  # every rank on one device: the two-kernel pulled combine
+    one_gpu_per_rank = False  # every rank on one device: no push, and a one-kernel combine only while it fits
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor: Optional[torch.Tensor] = tensor

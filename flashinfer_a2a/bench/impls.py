@@ -217,7 +217,7 @@ class A2A:
 
         def dispatch():
             F.launch_dispatch(sim.workspace, rank, sim.config, ids_dev, payloads, tokens, self.num_experts,
-                              recv_counts=counts, num_sms=num_sms, **dispatch_kw)
+                              recv_counts=counts, num_sms=num_sms or sim.dispatch_sms, **dispatch_kw)
             return list(views), counts
 
         def combine():

@@ -80,7 +80,8 @@ class _MicroBatch:
 
         def dispatch(phase=0):
             F.launch_dispatch(sim.workspace, rank, sim.config, ids, payloads, tokens, self.num_experts,
-                              recv_counts=counts, timeout_s=timeout, num_sms=num_sms, phase=phase)
+                              recv_counts=counts, timeout_s=timeout, num_sms=num_sms or sim.dispatch_sms,
+                              phase=phase)
 
         def combine(phase=0):
             F.combine(sim.workspace, rank, sim.config, counts, 0 if phase == SEND else tokens, tokens,

@@ -12,9 +12,9 @@
 // summing. When every rank has a GPU of its own and the combine region has room for landing rows after the
 // partials, CombinePushKernel (combine_push.cuh) instead pushes the rows, as they are or quantized, into their
 // owners' workspaces and sums them as they land.
-// When every rank has a GPU of its own, the partials are already in place (zero copy) and the pull is small,
-// CombineFusedKernel does both in one launch: one block publishes, every block waits for the peers, then pulls.
-// Spinning blocks can then only delay this GPU's own work, which needs nothing from them.
+// When the partials are already in place (zero copy) and the pull is small, CombineFusedKernel does both in one
+// launch: one block publishes, every block waits for the peers, then pulls. Its grid is kept small enough that the
+// waiting blocks never hold a multiprocessor a peer sharing the GPU still needs (FusedCombineFits).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFusedKernel(const __gr
   const int64_t item_stride = static_cast<int64_t>(gridDim.x) * kCombineWarps;
   const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
   const uint32_t epoch = start.epoch;
+  const int32_t first_entry = PrefetchRoute<kVec>(p, first_item, threadIdx.x % 32);  // this rank's own record
   if (start.fatal) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
     PullItems<T, kVec>(p, true, first_item, item_stride);
     return;
@@ -107,13 +108,12 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFusedKernel(const __gr
   if (s_publisher) PublishCombineEpoch(p, epoch);
   // The barrier extends the acquires to the whole block: the peers' partials are visible to every warp.
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;
-  PullItems<T, kVec>(p, failed, first_item, item_stride);
+  PullItems<T, kVec>(p, failed, first_item, item_stride, &first_entry);
   // Every block has read the epoch once all have counted themselves: the last advances it. Only this GPU reads the
   // counter and the epoch, so device scope is enough.
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&meta->blocks_done, 1u) == gridDim.x - 1) {
+    if (AtomicAddAcqRelGpu(&meta->blocks_done, 1u) == gridDim.x - 1) {
       meta->blocks_done = 0;
       meta->combine_epoch = epoch;
     }
@@ -193,12 +193,20 @@ struct PullPreloader {
   }
 };
 
-// pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. one_gpu_per_rank: no two
-// ranks share a GPU, so a zero-copy combine may run as one kernel whose blocks all wait for the peers.
+// Whether a one-kernel combine of `blocks` blocks, every one of which waits for the peers, is safe to launch. With a
+// GPU per rank only this GPU's own work can be delayed by the waiting blocks. Where ranks share a GPU (simulated
+// ranks, processes on one GPU) each has at most one such kernel running, and a peer can always finish what it still
+// has to run (a dispatch, a publish) while every rank's waiting blocks together leave a multiprocessor free.
+inline bool FusedCombineFits(int blocks, int num_sms, int device_sms, int ep_size, bool one_gpu_per_rank) {
+  return blocks <= num_sms && (one_gpu_per_rank || static_cast<int64_t>(blocks) * ep_size < device_sms);
+}
+
+// pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. num_sms: the SM budget;
+// device_sms: the GPU's multiprocessors. one_gpu_per_rank: no two ranks share a GPU.
 // A split combine (phase kSend or kRecv) is the pulled two-kernel combine cut after the publish: the caller never
 // sets push for it, and the one-kernel combine is not used.
 inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
-                                 bool one_gpu_per_rank, cudaStream_t stream) {
+                                 int device_sms, bool one_gpu_per_rank, cudaStream_t stream) {
   const bool split = p.phase != CombinePhase::kBoth;
   if (p.push && p.fp8_wire) {
     return p.fp16 ? LaunchPush<Fp8Wire<__half>>(p, num_sms, stream)
@@ -212,7 +220,8 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
       1, std::min<int64_t>(num_sms * 8, (warps + kCombineWarps - 1) / kCombineWarps)));
   // One kernel only while the pull fits in one wave: a larger grid spends more on every block waiting and counting
   // itself than the second launch costs (measured on 2x H200: 1.9 us saved at 1 token, 1.3 us lost at 1024).
-  if (!split && one_gpu_per_rank && p.input == nullptr && !p.fp8_wire && pull_blocks <= num_sms) {
+  if (!split && p.input == nullptr && !p.fp8_wire &&
+      FusedCombineFits(pull_blocks, num_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank)) {
     return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, true, stream});
   }
   // Zero copy needs one block (the signal); a copy gets a warp per row (per piece of a row when quantizing from a

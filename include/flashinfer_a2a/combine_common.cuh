@@ -162,17 +162,34 @@ __device__ __forceinline__ void SumPlainElems(const CombineParams& p, int64_t t,
   *reinterpret_cast<Vec*>(static_cast<uint8_t*>(p.output) + t * p.row_bytes + off) = out;
 }
 
+// Lane k's routing entry of the token of the pull's item `item` (-1 past the record or the items): loaded by the
+// one-kernel combine before it waits for the peers, so that the load is not on the critical path.
+template <int kVec>
+__device__ __forceinline__ int32_t PrefetchRoute(const CombineParams& p, int64_t item, int lane) {
+  const int pieces = static_cast<int>((p.row_bytes + 32 * kVec - 1) / (32 * kVec));
+  if (item >= static_cast<int64_t>(p.num_tokens) * pieces || lane >= p.route_stride) return -1;
+  const int32_t* routing = reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
+  return routing[item / pieces * p.route_stride + lane];
+}
+
 // The pull of every (token, 32 * kVec bytes) item with index = first_item (mod item_stride), a warp per item.
+// `first_entry`: the first item's routing entry when prefetched (PrefetchRoute), else null.
 template <typename T, int kVec>
 __device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, int64_t first_item,
-                                          int64_t item_stride) {
+                                          int64_t item_stride, const int32_t* first_entry = nullptr) {
   const int lane = threadIdx.x % 32;
   const int pieces = static_cast<int>((p.row_bytes + 32 * kVec - 1) / (32 * kVec));
   const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
   for (int64_t item = first_item; item < items; item += item_stride) {
     const int64_t t = item / pieces;
-    const auto [entry, num_sources] = LoadTokenSources(p, failed, t, lane);
-    SumPlainElems<T, kVec>(p, t, (item % pieces) * 32 * kVec + lane * kVec, entry, num_sources, false);
+    TokenSources sources;
+    if (first_entry != nullptr && item == first_item) {
+      const int32_t entry = failed ? -1 : *first_entry;
+      sources = {entry, CountRoutes(entry, p.ranks.ep_size, p.runtime_max)};
+    } else {
+      sources = LoadTokenSources(p, failed, t, lane);
+    }
+    SumPlainElems<T, kVec>(p, t, (item % pieces) * 32 * kVec + lane * kVec, sources.entry, sources.count, false);
   }
 }
 

@@ -83,11 +83,18 @@ __device__ __forceinline__ uint32_t LaneMaskLt() {
   return mask;
 }
 
-// Copies piece `piece` of token t's row of payload pp to each of the `num_targets` (rank, slot) entries held by
-// lanes 0..num_targets-1 in `entry`.
+// Token t's routing entries: lane k holds its k-th (rank, slot) entry; returns how many there are.
+__device__ __forceinline__ int LoadRoutes(const DispatchParams& p, const int32_t* routing, int64_t t, int lane,
+                                          int32_t& entry) {
+  entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
+  return CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
+}
+
+// Copies piece `piece` of token t's row of payload pp to each rank the token goes to. The row's loads are issued
+// before the routing entries are read, so the two round trips overlap.
 template <int kVec>
-__device__ __forceinline__ void CopyPiece(const DispatchParams& p, int pp, int piece, int64_t t, int32_t entry,
-                                          int num_targets, int lane) {
+__device__ __forceinline__ void CopyPiece(const DispatchParams& p, const int32_t* routing, int pp, int piece,
+                                          int64_t t, int lane) {
   using Vec = typename VecOf<kVec>::Type;
   const int64_t row = p.row_bytes[pp];
   const int64_t begin = static_cast<int64_t>(piece) * 32 * kDispatchPieceVectors * kVec;
@@ -98,6 +105,8 @@ __device__ __forceinline__ void CopyPiece(const DispatchParams& p, int pp, int p
     const int64_t off = begin + (u * 32 + lane) * kVec;
     if (off < row) v[u] = *reinterpret_cast<const Vec*>(src + off);
   }
+  int32_t entry;
+  const int num_targets = LoadRoutes(p, routing, t, lane, entry);
   const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
   for (int j = 0; j < num_targets; ++j) {
     const int32_t e = __shfl_sync(0xffffffffu, entry, j);
@@ -113,20 +122,21 @@ __device__ __forceinline__ void CopyPiece(const DispatchParams& p, int pp, int p
 }
 
 template <QuantFormat F>
-__device__ __forceinline__ void DispatchCopyPiece(const DispatchParams& p, int pp, int piece, int64_t t,
-                                                  int32_t entry, int num_targets, int lane,
-                                                  const float* nvfp4_inverse) {
+__device__ __forceinline__ void DispatchCopyPiece(const DispatchParams& p, const int32_t* routing, int pp, int piece,
+                                                  int64_t t, int lane, const float* nvfp4_inverse) {
   if constexpr (F != QuantFormat::kNone) {
     if (pp == 0) {
+      int32_t entry;
+      const int num_targets = LoadRoutes(p, routing, t, lane, entry);
       DispatchQuantizePiece<F>(p.quant, p.ranks, p.runtime_max, p.payload[0], t, piece, entry, num_targets, lane,
                                nvfp4_inverse);
       return;
     }
   }
   switch (p.vec_bytes[pp]) {  // CopyVecBytes: 16, 4 or 1
-    case 16: CopyPiece<16>(p, pp, piece, t, entry, num_targets, lane); break;
-    case 4: CopyPiece<4>(p, pp, piece, t, entry, num_targets, lane); break;
-    default: CopyPiece<1>(p, pp, piece, t, entry, num_targets, lane); break;
+    case 16: CopyPiece<16>(p, routing, pp, piece, t, lane); break;
+    case 4: CopyPiece<4>(p, routing, pp, piece, t, lane); break;
+    default: CopyPiece<1>(p, routing, pp, piece, t, lane); break;
   }
 }
 
@@ -292,15 +302,11 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
 
-  // A protocol error from an earlier call leaves peers out of step: do nothing until re-initialized. Only earlier
-  // kernels set it (this one does so after every block has passed here), so all blocks agree.
+  // A protocol error from an earlier call leaves peers out of step: nothing goes to them until re-initialized (the
+  // check comes after routing, which writes this rank's own record only, so that its loads overlap the ids'). Only
+  // earlier kernels set it (this one does so after every block has passed the check), so all blocks agree.
   const KernelStart start = ReadKernelStart(meta, &meta->dispatch_epoch);
   const uint32_t epoch = start.epoch;
-  if (start.fatal) {
-    if (blockIdx.x == 0)
-      for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) p.recv_counts[r] = 0;
-    return;
-  }
   ExpertPartition part(p.num_experts, ep_size);
   part.FillTable(s_rank_of);  // RouteChunk synchronizes before the first lookup (of either table)
   if constexpr (F == QuantFormat::kNvfp4) FillNvfp4Inverses(p.quant, s_nvfp4_inverse);
@@ -309,7 +315,12 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
   const int t0 = min(p.num_tokens, static_cast<int>(blockIdx.x) * chunk);
   const int t1 = min(p.num_tokens, t0 + chunk);
   RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_warp, s_ballot);
-  if (blockIdx.x == gridDim.x - 1) {  // its chunk ends at num_tokens: s_base holds the totals
+  if (start.fatal) {
+    if (blockIdx.x == 0)
+      for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) p.recv_counts[r] = 0;
+    return;
+  }
+  if (blockIdx.x == gridDim.x - 1 && gridDim.x > 1) {  // its chunk ends at num_tokens: s_base holds the totals
     for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) meta->send_counts[r] = s_base[r];
   }
 
@@ -330,9 +341,7 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
       int piece = item % p.pieces_per_token;
       int pp = 0;
       while (piece >= p.pieces[pp]) piece -= p.pieces[pp++];  // small payloads have no pieces
-      const int32_t entry = lane < p.route_stride ? routing[t * p.route_stride + lane] : -1;
-      const int num_targets = CountRoutes(entry, p.ranks.ep_size, p.runtime_max);
-      DispatchCopyPiece<F>(p, pp, piece, t, entry, num_targets, lane, s_nvfp4_inverse);
+      DispatchCopyPiece<F>(p, routing, pp, piece, t, lane, s_nvfp4_inverse);
       continue;
     }
     if constexpr (kGroupSmall) {
@@ -343,10 +352,11 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
     }
   }
 
-  // Step 3: the last block publishes counts and waits for every peer's (a send publishes only).
+  // Step 3: the last block publishes counts and waits for every peer's (a send publishes only). A grid of one block
+  // has the totals in shared memory already.
   if (!ArriveLastBlock(&meta->blocks_done)) return;
   for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
-    const uint32_t count = *reinterpret_cast<volatile int32_t*>(&meta->send_counts[r]);
+    const uint32_t count = gridDim.x == 1 ? s_base[r] : *reinterpret_cast<volatile int32_t*>(&meta->send_counts[r]);
     RankMetadata* peer = p.ranks.Meta(r);
     *reinterpret_cast<volatile int32_t*>(&peer->peer_runtime_max[p.ranks.ep_rank]) = p.runtime_max;
     *reinterpret_cast<volatile uint64_t*>(&peer->peer_call_layout[p.ranks.ep_rank]) = p.call_layout;

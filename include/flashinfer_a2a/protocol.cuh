@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "ptx.cuh"
+#include "wait_clock.cuh"
 #include "workspace_layout.cuh"
 
 namespace flashinfer_a2a {
@@ -175,16 +176,16 @@ __device__ __forceinline__ bool EpochReached(uint32_t seen, uint32_t wanted) {
   return static_cast<int32_t>(seen - wanted) >= 0;
 }
 
-// Spins until `ready()` or the timeout. Returns false on timeout.
+// Spins until `ready()` or the timeout (counted by WaitClock). Returns false on timeout.
 template <typename Ready>
 __device__ __forceinline__ bool WaitUntil(Ready ready, uint64_t timeout_ns) {
   if (ready()) return true;
-  const uint64_t start = GlobalTimerNs();
+  WaitClock clock(GlobalTimerNs());
   while (true) {
     for (int i = 0; i < 64; ++i) {
       if (ready()) return true;
     }
-    if (GlobalTimerNs() - start > timeout_ns) return ready();
+    if (clock.Expired(GlobalTimerNs(), timeout_ns)) return ready();
   }
 }
 

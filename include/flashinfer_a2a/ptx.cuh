@@ -29,6 +29,14 @@ __device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* addr) {
 
 __device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
+// atomicAdd that releases this thread's earlier loads and stores (and those a barrier ordered before it) to the GPU and
+// acquires those released by earlier adds: cheaper than __threadfence() (a sequentially consistent fence) around one.
+__device__ __forceinline__ uint32_t AtomicAddAcqRelGpu(uint32_t* addr, uint32_t value) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(addr), "r"(value) : "memory");
+  return old;
+}
+
 // Kernels launched by LaunchAfterPrior may start while the kernel before them in the stream is still finishing
 // (programmatic dependent launch, sm_90+): each waits here, before it touches memory, until that kernel has completed
 // and its writes are visible. A kernel launched without the attribute returns at once.
