@@ -18,7 +18,6 @@ namespace {
 // X(name, byte offset within a rank's workspace). The index of an entry is its position in this list.
 #define A2A_METAINFO_FIELDS(X, layout)                                                     \
   X(dispatch_epoch_offset, offsetof(RankMetadata, dispatch_epoch))                         \
-  X(combine_epoch_offset, offsetof(RankMetadata, combine_epoch))                           \
   X(blocks_done_offset, offsetof(RankMetadata, blocks_done))                               \
   X(error_code_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, code))        \
   X(error_phase_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, phase))      \

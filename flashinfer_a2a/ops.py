@@ -21,7 +21,6 @@ _LIB = torch.library.Library("flashinfer_a2a", "DEF")
 # ``get_metainfo_index_pairs`` returns. The C++ side defines the indices; the op checks both sides agree.
 METAINFO_NAMES = (
     "dispatch_epoch_offset",
-    "combine_epoch_offset",
     "blocks_done_offset",
     "error_code_offset",
     "error_phase_offset",

@@ -17,8 +17,8 @@ def _align(x, a=128):
 
 
 # RankMetadata written out by hand: (field, bytes), each block 128-byte aligned, sized for 72 ranks.
-_META_BLOCKS = [("epochs", 4 * 4), ("error", 4 * 4 + 8), ("send_counts", 72 * 4), ("dispatch_signal", 72 * 8),
-                ("peer_runtime_max", 72 * 4), ("peer_call_layout", 72 * 8), ("combine_signal", 72 * 4)]
+_META_BLOCKS = [("epochs", 5 * 4), ("error", 4 * 4 + 8), ("send_counts", 72 * 4), ("dispatch_signal", 72 * 8),
+                ("peer_runtime_max", 72 * 8), ("peer_call_layout", 72 * 16), ("combine_signal", 72 * 4)]
 
 
 def _expected(ep_size, max_tokens, top_k, dispatch_bytes, combine_bytes):

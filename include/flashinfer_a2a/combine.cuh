@@ -13,8 +13,9 @@
 // partials, CombinePushKernel (combine_push.cuh) instead pushes the rows, as they are or quantized, into their
 // owners' workspaces and sums them as they land.
 // When the partials are already in place (zero copy) and the pull is small, CombineFusedKernel does both in one
-// launch: one block publishes, every block waits for the peers, then pulls. Its grid is kept small enough that the
-// waiting blocks never hold a multiprocessor a peer sharing the GPU still needs (FusedCombineFits).
+// launch: the first block to run publishes, every block waits for the peers, then pulls. Its grid is kept small
+// enough that the waiting blocks never hold a multiprocessor a peer sharing the GPU still needs (FusedCombineFits).
+// A combine runs the epoch of its dispatch and advances no counter of its own.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,8 +46,8 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
   const bool sends = p.phase != CombinePhase::kRecv, waits = p.phase != CombinePhase::kSend;
-  const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
-  const uint32_t epoch = sends ? start.epoch : start.epoch - 1;
+  const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);
+  const uint32_t epoch = start.epoch;
   if (start.fatal) return;  // set by earlier kernels only: all blocks agree
 
   if (!sends) {
@@ -71,13 +72,9 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
   }
 
   if (!ArriveLastBlock(&meta->blocks_done)) return;
+  if (threadIdx.x == 0) meta->blocks_done = 0;
   PublishCombineEpoch(p, epoch);
   if (waits) WaitCombinePeers(p, meta, epoch);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    meta->blocks_done = 0;
-    meta->combine_epoch = epoch;
-  }
 }
 
 template <typename T, int kVec>
@@ -93,31 +90,28 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFusedKernel(const __gr
   RankMetadata* meta = p.ranks.MyMeta();
   const int64_t first_item = blockIdx.x * kCombineWarps + threadIdx.x / 32;
   const int64_t item_stride = static_cast<int64_t>(gridDim.x) * kCombineWarps;
-  const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
+  const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);
   const uint32_t epoch = start.epoch;
   const int32_t first_entry = PrefetchRoute<kVec>(p, first_item, threadIdx.x % 32);  // this rank's own record
   if (start.fatal) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
     PullItems<T, kVec>(p, true, first_item, item_stride);
     return;
   }
-  // Whichever block runs first claims the epoch and publishes it: no block waits for another to be scheduled. The
-  // partials were written by earlier kernels: the release covers them.
-  __shared__ bool s_publisher;
-  if (threadIdx.x == 0) s_publisher = atomicExch(&meta->combine_published, epoch) != epoch;
-  __syncthreads();
-  if (s_publisher) PublishCombineEpoch(p, epoch);
-  // The barrier extends the acquires to the whole block: the peers' partials are visible to every warp.
+  // The partials were written by earlier kernels: the release covers them. Every block of a small grid publishes
+  // (the same epoch), so whichever runs first gets it out with no round trip to elect it; a larger grid's first
+  // block to arrive claims the publish, so that the peers get one store each, not one per block.
+  bool publishes = true;
+  if (static_cast<int64_t>(gridDim.x) * p.ranks.ep_size > kCombinePublishAllStores) {
+    __shared__ bool s_publisher;
+    if (threadIdx.x == 0) s_publisher = atomicExch(&meta->combine_published, epoch) != epoch;
+    __syncthreads();
+    publishes = s_publisher;
+  }
+  if (publishes) PublishCombineEpoch(p, epoch);
+  // The barrier extends the acquires to the whole block: the peers' partials are visible to every warp. Nothing is
+  // counted at the end: the next combine runs the epoch of the next dispatch.
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;
   PullItems<T, kVec>(p, failed, first_item, item_stride, &first_entry);
-  // Every block has read the epoch once all have counted themselves: the last advances it. Only this GPU reads the
-  // counter and the epoch, so device scope is enough.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    if (AtomicAddAcqRelGpu(&meta->blocks_done, 1u) == gridDim.x - 1) {
-      meta->blocks_done = 0;
-      meta->combine_epoch = epoch;
-    }
-  }
 }
 
 enum class FloatType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };

@@ -14,6 +14,8 @@ namespace flashinfer_a2a {
 constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int kReduceChunkBytes = 4096;  // output bytes of one reduce item of the pushed combine
+// The one-kernel combine lets every block publish while that makes at most this many signal stores (blocks x ranks).
+constexpr int kCombinePublishAllStores = 128;
 
 // What one combine launch sequence does: all of it, the send (copy and publish this rank's partials, no wait) or the
 // receive (wait for the peers' partials, then sum). Values are shared with Python (flashinfer_a2a.split_phase).

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePushKernel(const __
   WaitPriorKernels();
   RankMetadata* meta = p.ranks.MyMeta();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const KernelStart start = ReadKernelStart(meta, &meta->combine_epoch);
+  const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);
   const uint32_t epoch = start.epoch;
   if (start.fatal) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
     Wire::WriteZeros(p, blockIdx.x * kCombineWarps + warp, static_cast<int64_t>(gridDim.x) * kCombineWarps);
@@ -139,7 +139,6 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePushKernel(const __
     meta->blocks_done = 0;
     meta->combine_claim = 0;
     meta->combine_reduce_claim = 0;
-    meta->combine_epoch = epoch;
   }
 }
 

@@ -256,32 +256,56 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   }
 }
 
+// What the sender published with its signal: its runtime_max and call layout (tagged words, see RankMetadata).
+struct PeerCall {
+  uint64_t signal, runtime_max, layout_low, layout_high;
+  __device__ __forceinline__ bool Complete(uint32_t epoch) const {
+    return EpochReached(TagOf(signal), epoch) && TagOf(runtime_max) == epoch && TagOf(layout_low) == epoch &&
+           TagOf(layout_high) == epoch;
+  }
+  __device__ __forceinline__ uint64_t Layout() const {
+    return (static_cast<uint64_t>(ValueOf(layout_high)) << 32) | ValueOf(layout_low);
+  }
+};
+
+// Publishes to rank r what this rank's dispatch of `epoch` sent it; the release covers the rows.
+__device__ __forceinline__ void PublishDispatch(const DispatchParams& p, int r, uint32_t epoch, uint32_t count) {
+  RankMetadata* peer = p.ranks.Meta(r);
+  const int me = p.ranks.ep_rank;
+  StoreVolatile(&peer->peer_runtime_max[me], Tagged(epoch, static_cast<uint32_t>(p.runtime_max)));
+  StoreVolatile(&peer->peer_call_layout[me][0], Tagged(epoch, static_cast<uint32_t>(p.call_layout)));
+  StoreVolatile(&peer->peer_call_layout[me][1], Tagged(epoch, static_cast<uint32_t>(p.call_layout >> 32)));
+  StoreReleaseSys(&peer->dispatch_signal[me], Tagged(epoch, count));
+}
+
 // Waits (bounded) for every peer's dispatch signal of `epoch` and writes the counts, zero for a peer that timed out
 // or disagrees on runtime_max or on the call's layout (recorded in the error word). `call_layout` is this rank's.
+// The checked words are loaded in the same poll as the signal, before its acquire (which later loads would wait
+// for), so a peer that has arrived costs no further round trip.
 __device__ __forceinline__ void ReceiveDispatchCounts(const DispatchParams& p, RankMetadata* meta, uint32_t epoch,
                                                       uint64_t call_layout) {
   for (int src = threadIdx.x; src < p.ranks.ep_size; src += kDispatchThreads) {
-    uint64_t signal = 0;
+    PeerCall peer{};
     const bool arrived = WaitUntil(
         [&] {
-          signal = LoadAcquireSys(&meta->dispatch_signal[src]);
-          return EpochReached(static_cast<uint32_t>(signal >> 32), epoch);
+          peer.runtime_max = LoadVolatile(&meta->peer_runtime_max[src]);
+          peer.layout_low = LoadVolatile(&meta->peer_call_layout[src][0]);
+          peer.layout_high = LoadVolatile(&meta->peer_call_layout[src][1]);
+          peer.signal = LoadAcquireSys(&meta->dispatch_signal[src]);
+          return peer.Complete(epoch);
         },
         p.timeout_ns);
     int32_t count = 0;
     if (!arrived) {
       RecordError(meta, ErrorCode::kTimeout, Phase::kDispatch, src, epoch, 0);
+    } else if (static_cast<int32_t>(ValueOf(peer.runtime_max)) != p.runtime_max) {
+      RecordError(meta, ErrorCode::kRuntimeMaxMismatch, Phase::kDispatch, src, epoch,
+                  static_cast<int32_t>(ValueOf(peer.runtime_max)));
+    } else if (peer.Layout() != call_layout) {  // its rows sit at other offsets or hold other types: count 0
+      RecordError(meta, ErrorCode::kCallLayoutMismatch, Phase::kDispatch, src, epoch,
+                  static_cast<int64_t>(peer.Layout() ^ call_layout));
     } else {
-      const int32_t peer_max = *reinterpret_cast<volatile int32_t*>(&meta->peer_runtime_max[src]);
-      const uint64_t peer_layout = *reinterpret_cast<volatile uint64_t*>(&meta->peer_call_layout[src]);
-      if (peer_max != p.runtime_max) {
-        RecordError(meta, ErrorCode::kRuntimeMaxMismatch, Phase::kDispatch, src, epoch, peer_max);
-      } else if (peer_layout != call_layout) {  // its rows sit at other offsets or hold other types: count 0
-        RecordError(meta, ErrorCode::kCallLayoutMismatch, Phase::kDispatch, src, epoch,
-                    static_cast<int64_t>(peer_layout ^ call_layout));
-      } else {
-        count = static_cast<int32_t>(signal & 0xffffffffu);
-      }
+      count = static_cast<int32_t>(ValueOf(peer.signal));
     }
     p.recv_counts[src] = count;
   }
@@ -305,7 +329,7 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
   // A protocol error from an earlier call leaves peers out of step: nothing goes to them until re-initialized (the
   // check comes after routing, which writes this rank's own record only, so that its loads overlap the ids'). Only
   // earlier kernels set it (this one does so after every block has passed the check), so all blocks agree.
-  const KernelStart start = ReadKernelStart(meta, &meta->dispatch_epoch);
+  const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/true);
   const uint32_t epoch = start.epoch;
   ExpertPartition part(p.num_experts, ep_size);
   part.FillTable(s_rank_of);  // RouteChunk synchronizes before the first lookup (of either table)
@@ -357,10 +381,7 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
   if (!ArriveLastBlock(&meta->blocks_done)) return;
   for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
     const uint32_t count = gridDim.x == 1 ? s_base[r] : *reinterpret_cast<volatile int32_t*>(&meta->send_counts[r]);
-    RankMetadata* peer = p.ranks.Meta(r);
-    *reinterpret_cast<volatile int32_t*>(&peer->peer_runtime_max[p.ranks.ep_rank]) = p.runtime_max;
-    *reinterpret_cast<volatile uint64_t*>(&peer->peer_call_layout[p.ranks.ep_rank]) = p.call_layout;
-    StoreReleaseSys(&peer->dispatch_signal[p.ranks.ep_rank], (static_cast<uint64_t>(epoch) << 32) | count);
+    PublishDispatch(p, r, epoch, count);
   }
   if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);
   __syncthreads();
@@ -374,14 +395,15 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
 __global__ void __launch_bounds__(kDispatchThreads) DispatchRecvKernel(const __grid_constant__ DispatchParams p) {
   WaitPriorKernels();
   RankMetadata* meta = p.ranks.MyMeta();
-  const KernelStart start = ReadKernelStart(meta, &meta->dispatch_epoch);
+  const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);  // the send's
   if (start.fatal) {
     for (int r = threadIdx.x; r < p.ranks.ep_size; r += kDispatchThreads) p.recv_counts[r] = 0;
     return;
   }
   // The send already counted itself, and published its call layout to every rank, this one included.
-  const uint64_t own_layout = *reinterpret_cast<volatile uint64_t*>(&meta->peer_call_layout[p.ranks.ep_rank]);
-  ReceiveDispatchCounts(p, meta, start.epoch - 1, own_layout);
+  const int me = p.ranks.ep_rank;
+  const PeerCall own{0, 0, LoadVolatile(&meta->peer_call_layout[me][0]), LoadVolatile(&meta->peer_call_layout[me][1])};
+  ReceiveDispatchCounts(p, meta, start.epoch, own.Layout());
 }
 
 // The most blocks a dispatch into format f runs: DispatchBlocksPerSm(f) per multiprocessor.

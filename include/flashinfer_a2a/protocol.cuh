@@ -57,15 +57,29 @@ __device__ __forceinline__ bool HasFatalError(const RankMetadata* meta) {
   return IsFatal(*reinterpret_cast<const volatile int32_t*>(&meta->error.code));
 }
 
-// What a kernel reads first: the epoch it runs (one past `counter`, this rank's count of completed calls of its
-// phase) and whether an earlier fatal error stops it. Both loads are issued before either is used.
+// What a kernel reads first: the epoch it runs and whether an earlier fatal error stops it. A dispatch (or its send
+// half) starts a new epoch, one past the last dispatch's; the receive half of a dispatch and a combine run the epoch
+// of the dispatch that ended before them. Both loads are issued before either is used.
 struct KernelStart {
   uint32_t epoch;
   bool fatal;
 };
-__device__ __forceinline__ KernelStart ReadKernelStart(const RankMetadata* meta, const uint32_t* counter) {
-  const uint32_t epoch = *reinterpret_cast<const volatile uint32_t*>(counter) + 1;
-  return {epoch, HasFatalError(meta)};
+__device__ __forceinline__ KernelStart ReadKernelStart(const RankMetadata* meta, bool new_epoch) {
+  const uint32_t last = *reinterpret_cast<const volatile uint32_t*>(&meta->dispatch_epoch);
+  return {new_epoch ? last + 1 : last, HasFatalError(meta)};
+}
+
+// A word a peer stores as (epoch << 32) | value: read with no ordering, it is this call's exactly when its epoch is.
+__device__ __forceinline__ uint64_t Tagged(uint32_t epoch, uint32_t value) {
+  return (static_cast<uint64_t>(epoch) << 32) | value;
+}
+__device__ __forceinline__ uint32_t TagOf(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+__device__ __forceinline__ uint32_t ValueOf(uint64_t word) { return static_cast<uint32_t>(word); }
+__device__ __forceinline__ uint64_t LoadVolatile(const uint64_t* addr) {
+  return *reinterpret_cast<const volatile uint64_t*>(addr);
+}
+__device__ __forceinline__ void StoreVolatile(uint64_t* addr, uint64_t value) {
+  *reinterpret_cast<volatile uint64_t*>(addr) = value;
 }
 
 // Set of ranks (bit r = rank r), enough words for kMaxRanks.

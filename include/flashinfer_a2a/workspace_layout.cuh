@@ -53,18 +53,21 @@ struct ErrorRecord {
 
 struct alignas(kAlignBytes) RankMetadata {
   // Written by this rank only.
-  alignas(kAlignBytes) uint32_t dispatch_epoch;  // dispatches completed since initialize
-  uint32_t combine_epoch;                        // combines completed since initialize
+  // Dispatches completed since initialize. A combine runs the epoch of its dispatch (calls alternate), so it has no
+  // counter of its own to advance when it ends.
+  alignas(kAlignBytes) uint32_t dispatch_epoch;
   uint32_t blocks_done;                          // completion counter of the running kernel; 0 between launches
-  uint32_t combine_published;                    // epoch the one-kernel combine has published (claimed by one block)
+  uint32_t combine_published;                    // epoch a combine's claiming block has published to the peers
   uint32_t combine_claim;                        // rows claimed by the running pushed combine's pushers; 0 between
   uint32_t combine_reduce_claim;                 // token chunks claimed by its reducers; 0 between launches
   alignas(kAlignBytes) ErrorRecord error;
   alignas(kAlignBytes) int32_t send_counts[kMaxRanks];  // tokens sent to each rank by the running dispatch
   // Written by peers, indexed by the writing rank.
-  alignas(kAlignBytes) uint64_t dispatch_signal[kMaxRanks];  // (epoch << 32) | tokens that rank sent here
-  alignas(kAlignBytes) int32_t peer_runtime_max[kMaxRanks];  // its runtime_max_tokens_per_rank, before the signal
-  alignas(kAlignBytes) uint64_t peer_call_layout[kMaxRanks];  // its CallLayout fingerprint, before the signal
+  // Words a peer stores as (epoch << 32) | value (Tagged): the signal, and before it what the receiver checks.
+  // Tagged with their epoch, the checked words can be loaded beside the signal instead of after its acquire.
+  alignas(kAlignBytes) uint64_t dispatch_signal[kMaxRanks];      // tokens that rank sent here
+  alignas(kAlignBytes) uint64_t peer_runtime_max[kMaxRanks];     // its runtime_max_tokens_per_rank
+  alignas(kAlignBytes) uint64_t peer_call_layout[kMaxRanks][2];  // its CallLayout fingerprint: low, high 32 bits
   alignas(kAlignBytes) uint32_t combine_signal[kMaxRanks];   // epoch whose combine input that rank has published
 };
 
