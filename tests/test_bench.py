@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flashinfer_a2a.bench import args as bench_args
+from flashinfer_a2a.bench import timing
 from flashinfer_a2a.bench.impls import Variant, combine_row_bytes, dispatch_row_bytes, variants
 from flashinfer_a2a.bench.report import add_derived, format_table, write_json, write_plot
 from flashinfer_a2a.bench.timing import summarize
@@ -22,6 +23,8 @@ def test_defaults_are_deepseek_v3_at_four_token_counts():
     assert a.tokens == (1, 128, 1024, 8192)
     assert (a.dtypes, a.routings, a.modes) == (("bf16",), ("uniform",), ("graph", "eager"))
     assert (a.iters, a.warmup, a.baselines, a.routing_payloads) == (1000, 20, True, True)
+    assert a.pair_group == timing.GRAPH_PAIR_GROUP == 25
+    assert bench_args.parse_args(["--pair-group", "1"]).pair_group == 1
 
 
 @pytest.mark.parametrize("model,shape", [("qwen3", (4096, 128, 8)), ("gpt-oss", (2880, 128, 4)),
@@ -51,6 +54,7 @@ def test_lists_overrides_and_flags():
     (["--model", "mixtral", "--top-k", "9"], "--top-k (9) must not exceed --num-experts (8)"),
     (["--sim-ranks", "73"], "--sim-ranks must be at most 72"),
     (["--skew", "-1"], "--skew must be >= 0"),
+    (["--pair-group", "0"], "argument --pair-group: expected a positive integer, got 0"),
 ])
 def test_bad_arguments_name_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -161,6 +165,9 @@ def test_table_json_and_plot(tmp_path):
     cases = [_case()]
     table = format_table(meta, cases)
     assert "eager run failed: boom" in table and "pair_speedup_vs_nccl_a2a_graph 3.00" in table
+    assert "a graph pair sample" not in table
+    grouped = format_table({**meta, "args": {"pair_group": 25}}, cases)
+    assert "a graph pair sample is the mean of 25 iterations" in grouped
     assert "100.0" in table  # the dispatch GB/s
     write_json(tmp_path / "r.json", meta, cases)
     assert json.loads((tmp_path / "r.json").read_text())["cases"][0]["tokens"] == 128
@@ -183,3 +190,40 @@ def test_launcher_detection():
     assert launched_world_size({}) == 1
     assert launched_world_size({"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "1"}) == 4
     assert launched_world_size({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "3"}) == 8
+
+
+class _FakeEvent:
+    """Stands in for a CUDA event in the graph-mode layout: its time is set as if the iterations had run."""
+
+    def __init__(self):
+        self.us = None
+
+    def elapsed_time(self, later: "_FakeEvent") -> float:  # ms, like torch.cuda.Event
+        return (later.us - self.us) / 1e3
+
+
+def test_grouped_pair_samples_are_group_means():
+    warmup, iters, group = timing.whole_groups(7, 5), timing.whole_groups(23, 5), 5
+    assert (warmup, iters) == (10, 25)
+    total = warmup + iters
+    steps = torch.rand(total, dtype=torch.float64) * 10 + 1  # us per iteration
+    starts = torch.cat([torch.zeros(1, dtype=torch.float64), steps.cumsum(0)])
+    ranks = [timing._rank_events(total, group, 1, _FakeEvent) for _ in range(2)]
+    for events in ranks:
+        assert [len(e) for e in events] == [1 if i % group == 0 else 0 for i in range(total)] + [1]
+        for i, iteration in enumerate(events[:total]):
+            for ev in iteration:
+                ev.us = float(starts[i])
+        events[total][0].us = float(starts[total])
+    samples = timing._elapsed(ranks, warmup // group) / group
+    assert samples.shape == (2, iters // group, 1)
+    expected = steps[warmup:].view(-1, group).mean(1)
+    torch.testing.assert_close(samples[0, :, 0], expected)
+    torch.testing.assert_close(samples[1, :, 0], expected)
+
+
+def test_groups_are_for_whole_pairs_only():
+    with pytest.raises(ValueError, match="group=2"):
+        timing.time_loop([], 10, 0, graph=True, barrier=lambda: None, split=True, group=2)
+    with pytest.raises(ValueError, match="group=0"):
+        timing.time_loop([], 10, 0, graph=True, barrier=lambda: None, split=False, group=0)

@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..functional import MAX_EP_SIZE, MAX_TOP_K
+from .timing import GRAPH_PAIR_GROUP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,7 @@ class BenchArgs:
     transport: str = "nvlink"
     num_sms: tuple[int, ...] = ()  # SM budgets timed besides the whole GPU (rows a2a-sm<N>)
     overlap: bool = False  # time the dual-batch overlap study (flashinfer_a2a.bench.overlap) instead
+    pair_group: int = GRAPH_PAIR_GROUP  # graph mode: iterations per timed sample of the pair (bench.timing)
 
 
 def _positive_int(text: str) -> int:
@@ -109,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of skewed routing (default 1.0)")
     parser.add_argument("--iters", type=_positive_int, default=1000, help="timed iterations (default 1000)")
     parser.add_argument("--warmup", type=_positive_int, default=20, help="untimed iterations first (default 20)")
+    parser.add_argument("--pair-group", type=_positive_int, default=GRAPH_PAIR_GROUP, metavar="N",
+                        help="graph mode: time the pair over groups of N iterations, one sample per group (an event "
+                             f"node between every iteration costs GPU time; default {GRAPH_PAIR_GROUP})")
     parser.add_argument("--mode", nargs="+", type=_list_of(str, MODES), metavar="MODE", dest="modes",
                         help="graph (CUDA-graph replay) and/or eager (default both)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the NCCL baselines")
@@ -160,6 +165,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         skew=ns.skew,
         iters=ns.iters,
         warmup=ns.warmup,
+        pair_group=ns.pair_group,
         modes=_flatten(ns.modes, MODES),
         baselines=not ns.no_baselines,
         routing_payloads=not ns.hidden_only,

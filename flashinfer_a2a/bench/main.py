@@ -45,7 +45,8 @@ def _time_impl(session: Session, args: BenchArgs, make_steps: Callable[[], Seque
             graph = mode == "graph"
             try:
                 timings = time_loop(steps, args.iters, args.warmup, graph, session.barrier)
-                pair = time_loop(steps, args.iters, args.warmup, graph, session.barrier, split=False)
+                pair = time_loop(steps, args.iters, args.warmup, graph, session.barrier, split=False,
+                                 group=args.pair_group if graph else 1)
                 check()
             except Exception as exc:
                 timings, error_here = None, f"{mode} run failed: {type(exc).__name__}: {exc}"

@@ -1,6 +1,6 @@
 """``--overlap``: dual-batch overlap, timed. Each rank splits its step into two micro-batches A and B of ``tokens``
 tokens, each on a workspace of its own, and runs a bf16 GEMM of the expert shape (``[tokens, hidden] x [hidden,
-2048]``) per micro-batch. Four loops, each timed per iteration (slowest rank, median over iterations):
+2048]``) per micro-batch. Four loops, each timed like the pair (bench.timing; slowest rank, median over samples):
 
 - ``a2a``: the two micro-batches' dispatch and combine, whole calls, no GEMM;
 - ``gemm``: the two GEMMs alone;
@@ -181,7 +181,9 @@ def _time_case(args: BenchArgs, session: Session, batches: Sequence[_MicroBatch]
     for mode in args.modes:
         times = {}
         for loop in LOOPS:
-            t = time_loop(steps[loop], args.iters, args.warmup, mode == "graph", session.barrier, split=False)
+            graph = mode == "graph"
+            t = time_loop(steps[loop], args.iters, args.warmup, graph, session.barrier, split=False,
+                          group=args.pair_group if graph else 1)
             worst = torch.cat([torch.tensor(v) for v in session.gather(t.gpu_us[..., 0].tolist())]).max(0).values
             times[loop] = float(worst.median())
             for batch in batches:

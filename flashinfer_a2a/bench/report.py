@@ -51,6 +51,11 @@ def _us(stats: dict, phase: str) -> str:
     return f"{stats[phase]['median']:8.1f} {stats[phase]['max_rank']:8.1f}"
 
 
+def _pair_samples(meta: dict[str, Any]) -> str:
+    group = meta.get("args", {}).get("pair_group", 1)
+    return f"; a graph pair sample is the mean of {group} iterations" if group > 1 else ""
+
+
 def format_table(meta: dict[str, Any], cases: list[dict[str, Any]]) -> str:
     shape = meta["shape"]
     lines = [
@@ -58,7 +63,7 @@ def format_table(meta: dict[str, Any], cases: list[dict[str, Any]]) -> str:
         f"{meta['ep_size']} ranks ({meta['launcher']}) on {meta['gpu']}; {meta['iters']} iterations after "
         f"{meta['warmup']} warm-up",
         "times in us: median over ranks and iterations, then the slowest rank's (median over iterations); "
-        "p99 and >2x of the slowest rank's pair",
+        "p99 and >2x of the slowest rank's pair" + _pair_samples(meta),
         "GB/s of the slowest rank's median time: rem = remote bytes per rank (over NVLink), log = logical bytes "
         "(local share included, as DeepEP counts)",
         "",

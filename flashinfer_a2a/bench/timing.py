@@ -4,9 +4,14 @@ Each iteration of each rank records events on the rank's stream: before dispatch
 (``split``), and the next iteration's first event (or a final one) closes it. In graph mode every iteration
 (warm-up included) is captured into one graph with the events as graph nodes, so replay runs them back to back
 with no host work in between and ranks in other processes fall into step during the warm-up iterations, which are
-dropped. An event node costs about 1.5 us of GPU time on H200, so the pair is timed in a second run with only the
-iteration-boundary events. Eager mode launches the same loops from Python; its split run also records the host
-time of each call.
+dropped. An event node is not free: it ends the programmatic overlap of the kernels around it, and on simulated
+ranks (one graph branch per rank) the branches' event nodes add up. On one H200 at 1 token, an event between every
+iteration (``--pair-group 1``) read 14.4 us per pair with 2 simulated ranks and 30.0 with 4, where events every 25
+iterations read 9.5 and 13.8, and the kernels' own clocks gave a period of 9.2-9.5 and 10.4-10.7 us for the loop
+without events (docs/measurements/stage_times.py). So the pair is timed in a second run whose events enclose groups
+of ``--pair-group`` iterations (``GRAPH_PAIR_GROUP`` by default), each group giving one sample: its mean iteration.
+Eager mode launches the same loops from Python, an event per iteration; its split run also records the host time of
+each call.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 PHASES = ("dispatch", "combine")
+#: Iterations per timed group of a graph-mode pair run (see the module docstring).
+GRAPH_PAIR_GROUP = 25
 
 
 @dataclasses.dataclass
@@ -40,9 +47,21 @@ class Timings:
     host_us: Optional[torch.Tensor]  # eager split runs: [ranks here, iters, len(PHASES)] host time of each call
 
 
+def whole_groups(iterations: int, group: int) -> int:
+    """``iterations`` rounded up to a multiple of ``group``."""
+    return -(-iterations // group) * group
+
+
+def _rank_events(total: int, group: int, per_iter: int, make: Callable[[], Any]) -> list[list]:
+    """One rank's events: ``per_iter`` at the start of every ``group``-th iteration (none in between), then one
+    that closes the last iteration."""
+    return [[make() for _ in range(per_iter if i % group == 0 else 0)] for i in range(total)] + [[make()]]
+
+
 def _launch_iteration(ranks: Sequence[RankSteps], events, host: Optional[list], i: int) -> None:
-    """Iteration i; events[k][i] holds rank k's events before each timed phase (one: the whole pair). Nothing but
-    the calls runs between the events of a rank without its own stream (eager mode in a process per rank)."""
+    """Iteration i; events[k][i] holds rank k's events before each timed phase (one: the whole pair; none: inside
+    a group of iterations timed together). Nothing but the calls runs between the events of a rank without its own
+    stream (eager mode in a process per rank)."""
     for j, phase in enumerate(PHASES):
         for k, steps in enumerate(ranks):
             with steps.on_stream():
@@ -64,7 +83,8 @@ def _close(ranks: Sequence[RankSteps], events, total: int) -> None:
 
 
 def _elapsed(events, skip: int) -> torch.Tensor:
-    """``[ranks, iters, events per iteration]`` us between consecutive events (the last closes the last iteration)."""
+    """``[ranks, samples, events per sample]`` us between consecutive events (the last closes the last sample),
+    without the first ``skip`` samples."""
     times = []
     for per_rank in events:
         flat = [ev for iteration in per_rank for ev in iteration]
@@ -76,14 +96,18 @@ def _elapsed(events, skip: int) -> torch.Tensor:
 
 
 def time_loop(ranks: Sequence[RankSteps], iters: int, warmup: int, graph: bool,
-              barrier: Callable[[], None], split: bool = True) -> Timings:
+              barrier: Callable[[], None], split: bool = True, group: int = 1) -> Timings:
     """Runs ``warmup + iters`` iterations of every rank in ``ranks`` (the ranks of this process) and returns the
     times of the last ``iters``: per phase when ``split``, else of the whole pair. ``barrier`` lines the processes
-    up before the timed launches."""
+    up before the timed launches. ``group`` > 1 (whole pairs only): one sample per ``group`` iterations, their mean;
+    ``warmup`` and ``iters`` are rounded up to whole groups."""
+    if group < 1 or (split and group > 1):
+        raise ValueError(f"group={group}: expected 1, or more for a run of whole pairs (split=False)")
+    warmup, iters = whole_groups(warmup, group), whole_groups(iters, group)
     total = warmup + iters
     per_iter = len(PHASES) if split else 1
-    events = [[[torch.cuda.Event(enable_timing=True, external=graph) for _ in range(per_iter)]
-               for _ in range(total)] + [[torch.cuda.Event(enable_timing=True, external=graph)]] for _ in ranks]
+    events = [_rank_events(total, group, per_iter, lambda: torch.cuda.Event(enable_timing=True, external=graph))
+              for _ in ranks]
     if graph:
         side = [torch.cuda.Stream() if steps.stream is None else steps.stream for steps in ranks]
         captured = [dataclasses.replace(steps, stream=s) for steps, s in zip(ranks, side)]
@@ -101,7 +125,7 @@ def time_loop(ranks: Sequence[RankSteps], iters: int, warmup: int, graph: bool,
         barrier()
         g.replay()
         torch.cuda.synchronize()
-        result = Timings(_elapsed(events, warmup), None)
+        result = Timings(_elapsed(events, warmup // group) / group, None)
         del g
         return result
     host = [[[0.0] * len(PHASES) for _ in range(total)] for _ in ranks] if split else None
@@ -112,16 +136,16 @@ def time_loop(ranks: Sequence[RankSteps], iters: int, warmup: int, graph: bool,
     _close(ranks, events, total)
     torch.cuda.synchronize()
     host_us = None if host is None else torch.tensor(host, dtype=torch.float64)[:, warmup:] * 1e6
-    return Timings(_elapsed(events, warmup), host_us)
+    return Timings(_elapsed(events, warmup // group) / group, host_us)
 
 
 def summarize(gpu_us: torch.Tensor, pair_us: Optional[torch.Tensor] = None) -> dict[str, dict[str, float]]:
     """Statistics of ``[ranks, iters, phases]`` times (all ranks of the run) for dispatch, combine and the pair
-    (``pair_us`` ``[ranks, iters]`` when timed on its own, else the sum of the phases).
+    (``pair_us`` ``[ranks, samples]`` when timed on its own, else the sum of the phases).
 
-    ``median``: over every rank and iteration. ``max_rank``: median over iterations of the slowest rank's time.
-    ``p99`` and ``max``: of the slowest rank's time per iteration. ``over_2x``: iterations whose slowest rank took
-    more than twice ``max_rank``.
+    ``median``: over every rank and sample (an iteration, or a group of them: see :func:`time_loop`). ``max_rank``:
+    median over samples of the slowest rank's time. ``p99`` and ``max``: of the slowest rank's time per sample.
+    ``over_2x``: samples whose slowest rank took more than twice ``max_rank``.
     """
     series = {phase: gpu_us[..., j] for j, phase in enumerate(PHASES)}
     series["pair"] = gpu_us.sum(-1) if pair_us is None else pair_us

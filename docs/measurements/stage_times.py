@@ -1,0 +1,148 @@
+"""Where a dispatch + combine step spends its time, from timestamps the kernels take of themselves.
+
+    python docs/measurements/stage_times.py      # one GPU; builds a stamped copy of the kernels (about a minute)
+
+Copies the package into a temporary directory, inserts ``%globaltimer`` stamps (thread 0 of the first block) at the
+stage boundaries of the dispatch kernel and of the one-kernel combine, builds that copy in a cache of its own and
+runs 30 steps of simulated ranks in one CUDA graph, replayed 20 times, with no event between steps. Prints per
+simulated-rank count the step period (rank 0's dispatch start to the next) and the median time of each stage. The
+stamps cost a few instructions each; the package itself is left untouched. One H200, 2026-11-25, 1 token, 2 ranks
+(us): period 9.22; dispatch: table+epoch 0.61, ids 1.41, route 0.54, copy 1.02-1.06, publish 0.70-0.74, peers
+0.51-0.74; to combine 0.74; combine: epoch 0.38, publish 0.74, peers 0.35-0.38, pull 1.06-1.09. 1 rank: period
+8.16; 4 ranks: 10.43 (docs/benchmarks.md).
+"""
+
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRACE_BYTES = 8192  # the stamps go to the end of each rank's workspace, unused at these token counts
+
+HELPERS = """
+__device__ __forceinline__ uint64_t* StageStamps() { __shared__ uint64_t s[32]; return s; }
+#define STAMP(i) do { if (threadIdx.x == 0) StageStamps()[i] = GlobalTimerNs(); } while (0)
+__device__ __forceinline__ void FlushStamps(const Ranks& r, uint32_t epoch, int first, int n) {
+  if (threadIdx.x != 0) return;
+  uint64_t* out = reinterpret_cast<uint64_t*>(r.Base(r.ep_rank) + r.bytes_per_rank - %d) + (epoch %% 32) * 32;
+  for (int i = first; i < first + n; ++i) out[i] = StageStamps()[i];
+  out[first + 15] = epoch;
+}
+}  // namespace flashinfer_a2a
+""" % TRACE_BYTES
+
+# (file, anchor, inserted after the anchor); every anchor must occur exactly once.
+EDITS = [
+    ("protocol.cuh", "}  // namespace flashinfer_a2a\n", None),
+    ("dispatch.cuh", "DispatchKernel(const __grid_constant__ DispatchParams p) {\n", "  STAMP(0);\n"),
+    ("dispatch.cuh", "  __syncthreads();  // also publishes the partition's rank table\n", "  STAMP(1);\n"),
+    ("dispatch.cuh", "    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch);\n",
+     "    if (threadIdx.x == 0 && mask.words[0] == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the ids\n"
+     "    STAMP(2);\n"),
+    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_warp, s_ballot);\n", "  STAMP(3);\n"),
+    ("dispatch.cuh", "  // Step 3: the last block publishes counts", None),
+    ("dispatch.cuh", "  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);\n"
+     "  __syncthreads();\n", "  STAMP(6);\n  FlushStamps(p.ranks, epoch, 0, 7);\n"),
+    ("combine.cuh", "CombineFusedKernel(const __grid_constant__ CombineParams p) {\n", "  STAMP(16);\n"),
+    ("combine.cuh",
+     "  const int32_t first_entry = PrefetchRoute<kVec>(p, first_item, threadIdx.x % 32);  // this rank's own record\n",
+     "  if (threadIdx.x == 0 && epoch == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the epoch\n  STAMP(17);\n"),
+    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch);\n", "  STAMP(18);\n"),
+    ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;\n",
+     "  STAMP(19);\n"),
+    ("combine.cuh", "  PullItems<T, kVec>(p, failed, first_item, item_stride, &first_entry);\n",
+     "  __syncthreads();\n  STAMP(20);\n  if (blockIdx.x == 0) FlushStamps(p.ranks, epoch, 16, 5);\n"),
+]
+DISPATCH = ["start", "table+epoch", "ids", "route", "copy", "publish", "peers"]
+COMBINE = ["start", "epoch", "publish", "peers", "pull"]
+
+
+def stamped_copy(dest: pathlib.Path) -> None:
+    for part in ("flashinfer_a2a", "include", "csrc"):
+        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+    headers = dest / "include" / "flashinfer_a2a"
+    for name, anchor, insert in EDITS:
+        path = headers / name
+        text = path.read_text()
+        if text.count(anchor) != 1:
+            raise SystemExit(f"{name}: the anchor {anchor.strip()[:60]!r} occurs {text.count(anchor)} times; "
+                             "the kernels changed since this script was written")
+        if name == "protocol.cuh":
+            text = text.replace(anchor, HELPERS)
+        elif insert is None:  # the copy ends and the publish begins here
+            text = text.replace(anchor, "  STAMP(4);\n" + anchor)
+            text = text.replace("    PublishDispatch(p, r, epoch, count);\n  }\n",
+                                "    PublishDispatch(p, r, epoch, count);\n  }\n  STAMP(5);\n")
+        else:
+            text = text.replace(anchor, anchor + insert)
+        path.write_text(text)
+
+
+def measure(ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None:
+    import torch
+
+    from flashinfer_a2a.bench import session
+    from flashinfer_a2a.bench.args import parse_args
+    from flashinfer_a2a.bench.impls import A2A, make_case
+
+    args = parse_args(["--sim-ranks", str(ranks), "--tokens", "256", "--quant", "none", "--no-baselines"])
+    sess = session.start(ranks)
+    a2a = A2A(args, sess, torch.bfloat16)
+    case = make_case(args, sess, tokens, torch.bfloat16, "uniform", 1)
+    rank_steps = a2a.steps(case)
+    graph, capture = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.graph(graph, stream=capture):
+        for s in rank_steps:
+            s.stream.wait_stream(capture)
+        for _ in range(steps):
+            for phase in ("dispatch", "combine"):
+                for s in rank_steps:
+                    with s.on_stream():
+                        getattr(s, phase)()
+        for s in rank_steps:
+            capture.wait_stream(s.stream)
+    samples = []  # per replay: epoch -> per rank the 32 words
+    for replay in range(replays):
+        graph.replay()
+        torch.cuda.synchronize()
+        if replay >= 2:
+            words = [w.clone().view(torch.int64).view(32, 32).tolist() for w in a2a.workspace[:, -TRACE_BYTES:]]
+            by_epoch = {}
+            for slot in range(32):
+                if len({w[slot][15] for w in words} | {w[slot][31] for w in words}) == 1:
+                    by_epoch[words[0][slot][15]] = [w[slot] for w in words]
+            samples.append(by_epoch)
+    a2a.check(case)
+    rows = [row for by_epoch in samples for row in by_epoch.values()]
+    periods = [by_epoch[e + 1][0][0] - row[0][0] for by_epoch in samples for e, row in by_epoch.items()
+               if e + 1 in by_epoch]
+    period = statistics.median(periods) / 1e3
+    print(f"{ranks} simulated ranks, {tokens} tokens: {len(rows)} steps, period {period:.2f} us")
+    for r in range(ranks):
+        def stage(a: int, b: int) -> float:
+            return statistics.median(row[r][b] - row[r][a] for row in rows) / 1e3
+        dispatch = " ".join(f"{DISPATCH[i]} {stage(i - 1, i):.2f}" for i in range(1, len(DISPATCH)))
+        combine = " ".join(f"{COMBINE[i]} {stage(15 + i, 16 + i):.2f}" for i in range(1, len(COMBINE)))
+        print(f"  rank {r} us | dispatch: {dispatch} | to combine {stage(6, 16):.2f} | combine: {combine}")
+    sess.close()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--run":
+        import flashinfer_a2a
+
+        if not pathlib.Path(flashinfer_a2a.__file__).resolve().is_relative_to(pathlib.Path.cwd().resolve()):
+            raise SystemExit(f"imported {flashinfer_a2a.__file__}, not the stamped copy in {pathlib.Path.cwd()}")
+        for ranks in (1, 2, 4):
+            measure(ranks, 1)
+        sys.exit(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = pathlib.Path(tmp)
+        stamped_copy(copy)
+        env = dict(os.environ, PYTHONPATH=f"{copy}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   FLASHINFER_A2A_CACHE_DIR=str(copy / "cache"))
+        sys.exit(subprocess.call([sys.executable, str(pathlib.Path(__file__).resolve()), "--run"], cwd=tmp, env=env))
