@@ -32,29 +32,30 @@ __device__ __forceinline__ void FlushStamps(const Ranks& r, uint32_t epoch, int 
   for (int i = first; i < first + n; ++i) out[i] = StageStamps()[i];
   out[first + 15] = epoch;
 }
-}  // namespace flashinfer_a2a
 """ % TRACE_BYTES
 
-# (file, anchor, inserted after the anchor); every anchor must occur exactly once.
+# (header, anchor, text inserted before it, text inserted after it); every anchor must occur exactly once.
 EDITS = [
-    ("protocol.cuh", "}  // namespace flashinfer_a2a\n", None),
-    ("dispatch.cuh", "DispatchKernel(const __grid_constant__ DispatchParams p) {\n", "  STAMP(0);\n"),
-    ("dispatch.cuh", "  __syncthreads();  // also publishes the partition's rank table\n", "  STAMP(1);\n"),
-    ("dispatch.cuh", "    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch);\n",
+    ("protocol.cuh", "}  // namespace flashinfer_a2a\n", HELPERS, ""),
+    ("dispatch.cuh", "DispatchKernel(const __grid_constant__ DispatchParams p) {\n", "", "  STAMP(0);\n"),
+    ("dispatch.cuh", "  __syncthreads();  // also publishes the partition's rank table\n", "", "  STAMP(1);\n"),
+    ("dispatch.cuh", "    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch);\n", "",
      "    if (threadIdx.x == 0 && mask.words[0] == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the ids\n"
      "    STAMP(2);\n"),
-    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_warp, s_ballot);\n", "  STAMP(3);\n"),
-    ("dispatch.cuh", "  // Step 3: the last block publishes counts", None),
+    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_warp, s_ballot);\n", "", "  STAMP(3);\n"),
+    ("dispatch.cuh", "  // Step 3: the last block publishes counts", "  STAMP(4);\n", ""),
+    ("dispatch.cuh", "    PublishDispatch(p, r, epoch, count);\n  }\n", "", "  STAMP(5);\n"),
     ("dispatch.cuh", "  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);\n"
-     "  __syncthreads();\n", "  STAMP(6);\n  FlushStamps(p.ranks, epoch, 0, 7);\n"),
-    ("combine.cuh", "CombineFusedKernel(const __grid_constant__ CombineParams p) {\n", "  STAMP(16);\n"),
+     "  __syncthreads();\n", "", "  STAMP(6);\n  FlushStamps(p.ranks, epoch, 0, 7);\n"),
+    ("combine.cuh", "CombineFusedKernel(const __grid_constant__ CombineParams p) {\n", "", "  STAMP(16);\n"),
     ("combine.cuh",
      "  const int32_t first_entry = PrefetchRoute<kVec>(p, first_item, threadIdx.x % 32);  // this rank's own record\n",
-     "  if (threadIdx.x == 0 && epoch == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the epoch\n  STAMP(17);\n"),
-    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch);\n", "  STAMP(18);\n"),
-    ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;\n",
+     "", "  if (threadIdx.x == 0 && epoch == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the epoch\n"
+     "  STAMP(17);\n"),
+    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch);\n", "", "  STAMP(18);\n"),
+    ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;\n", "",
      "  STAMP(19);\n"),
-    ("combine.cuh", "  PullItems<T, kVec>(p, failed, first_item, item_stride, &first_entry);\n",
+    ("combine.cuh", "  PullItems<T, kVec>(p, failed, first_item, item_stride, &first_entry);\n", "",
      "  __syncthreads();\n  STAMP(20);\n  if (blockIdx.x == 0) FlushStamps(p.ranks, epoch, 16, 5);\n"),
 ]
 DISPATCH = ["start", "table+epoch", "ids", "route", "copy", "publish", "peers"]
@@ -65,21 +66,13 @@ def stamped_copy(dest: pathlib.Path) -> None:
     for part in ("flashinfer_a2a", "include", "csrc"):
         shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
     headers = dest / "include" / "flashinfer_a2a"
-    for name, anchor, insert in EDITS:
+    for name, anchor, before, after in EDITS:
         path = headers / name
         text = path.read_text()
         if text.count(anchor) != 1:
             raise SystemExit(f"{name}: the anchor {anchor.strip()[:60]!r} occurs {text.count(anchor)} times; "
                              "the kernels changed since this script was written")
-        if name == "protocol.cuh":
-            text = text.replace(anchor, HELPERS)
-        elif insert is None:  # the copy ends and the publish begins here
-            text = text.replace(anchor, "  STAMP(4);\n" + anchor)
-            text = text.replace("    PublishDispatch(p, r, epoch, count);\n  }\n",
-                                "    PublishDispatch(p, r, epoch, count);\n  }\n  STAMP(5);\n")
-        else:
-            text = text.replace(anchor, anchor + insert)
-        path.write_text(text)
+        path.write_text(text.replace(anchor, before + anchor + after))
 
 
 def measure(ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None:
