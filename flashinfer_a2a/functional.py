@@ -381,10 +381,11 @@ def combine(
         out: optional ``[num_tokens, hidden]`` output of the partials' dtype.
         hidden, dtype: the combine row shape when neither ``partials`` nor ``out`` gives it.
         one_gpu_per_rank: promise that no two ranks share a GPU (true across processes, false for simulated ranks).
-            A small zero-copy combine runs as one kernel whose blocks all wait for the peers, a launch fewer. Without
-            the promise it does so only while the waiting blocks of all ``ep_size`` ranks together leave a
-            multiprocessor free, so a peer on the same GPU can always run what it still has to; larger pulls use the
-            two-kernel combine.
+            A small zero-copy combine runs as one kernel whose blocks all wait for the peers, a launch fewer: with
+            the promise while a block per multiprocessor (up to 32 warps) gives every piece of the pull a warp.
+            Without it only with a grid small enough that the waiting blocks of all ``ep_size`` ranks together
+            leave a multiprocessor free, so a peer on the same GPU can always run what it still has to, each warp
+            pulling up to 4 pieces; larger pulls use the two-kernel combine.
         combine_mode: ``"pull"`` (default): every rank publishes its partials and each token's owner loads and sums
             them. ``"push"``: each rank stores its partials into their owners' workspaces and the owners sum them
             as they land; needs ``one_gpu_per_rank`` and ``config.combine_bytes_per_token`` with room for a landing

@@ -1,17 +1,21 @@
 """Where a dispatch + combine step spends its time, from timestamps the kernels take of themselves.
 
     python docs/measurements/stage_times.py      # one GPU; builds a stamped copy of the kernels (about a minute)
+    python docs/measurements/stage_times.py --ranks 2 4 --tokens 1 64 128
 
-Copies the package into a temporary directory, inserts ``%globaltimer`` stamps (thread 0 of the first block) at the
-stage boundaries of the dispatch kernel and of the one-kernel combine, builds that copy in a cache of its own and
-runs 30 steps of simulated ranks in one CUDA graph, replayed 20 times, with no event between steps. Prints per
-simulated-rank count the step period (rank 0's dispatch start to the next) and the median time of each stage. The
-stamps cost a few instructions each; the package itself is left untouched. One H200, 2026-11-25, 1 token, 2 ranks
-(us): period 9.22; dispatch: table+epoch 0.61, ids 1.41, route 0.54, copy 1.02-1.06, publish 0.70-0.74, peers
-0.51-0.74; to combine 0.74; combine: epoch 0.38, publish 0.74, peers 0.35-0.38, pull 1.06-1.09. 1 rank: period
-8.16; 4 ranks: 10.43 (docs/benchmarks.md).
+Copies the package into a temporary directory, inserts ``%globaltimer`` stamps (thread 0 of the dispatch block
+that publishes, and of the one-kernel combine's first block) at the stage boundaries, builds that copy in a cache
+of its own and runs ``--steps`` steps (30) of simulated ranks in one CUDA graph, replayed 20 times, with no event
+between steps. Prints per simulated-rank count and token count the step period (rank 0's dispatch start to the
+next, within a replay: median and mean) and the median time of each stage. A combine too large for one kernel is
+not stamped. The stamps cost a few instructions each; the package itself is left untouched. One H200, 2026-11-25,
+2 ranks, 1 token (us): period 9.15; dispatch: table+epoch 0.61, ids 1.41-1.44, route 0.51, copy 1.06-1.09,
+publish 0.70, peers 0.48-0.70; to combine 0.74-0.77; combine: epoch 0.42, publish 0.67, peers 0.35-0.61, pull
+0.96-1.06. Periods at 1 / 16 / 64 / 128 tokens: 1 rank 8.06 / 10.08 / 11.68 / 13.38, 2 ranks 9.15 / 11.01 / 12.51 /
+15.04, 4 ranks 10.40 / 12.42 / 18.53 / 30.88 (docs/benchmarks.md).
 """
 
+import argparse
 import os
 import pathlib
 import shutil
@@ -108,13 +112,19 @@ def measure(ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None
             for slot in range(32):
                 if len({w[slot][15] for w in words} | {w[slot][31] for w in words}) == 1:
                     by_epoch[words[0][slot][15]] = [w[slot] for w in words]
-            samples.append(by_epoch)
+            last = max(by_epoch, default=0)  # this replay's steps only: slots of the one before span a host gap
+            samples.append({e: row for e, row in by_epoch.items() if e > last - steps})
     a2a.check(case)
     rows = [row for by_epoch in samples for row in by_epoch.values()]
+    if not rows:  # only the one-kernel combine is stamped
+        print(f"{ranks} simulated ranks, {tokens} tokens: no stamped steps (the combine ran as two kernels)")
+        sess.close()
+        return
     periods = [by_epoch[e + 1][0][0] - row[0][0] for by_epoch in samples for e, row in by_epoch.items()
                if e + 1 in by_epoch]
-    period = statistics.median(periods) / 1e3
-    print(f"{ranks} simulated ranks, {tokens} tokens: {len(rows)} steps, period {period:.2f} us")
+    period, mean = statistics.median(periods) / 1e3, statistics.fmean(periods) / 1e3
+    print(f"{ranks} simulated ranks, {tokens} tokens, {steps} steps a graph: {len(rows)} stamped, "
+          f"period {period:.2f} us (mean {mean:.2f})")
     for r in range(ranks):
         def stage(a: int, b: int) -> float:
             return statistics.median(row[r][b] - row[r][a] for row in rows) / 1e3
@@ -124,18 +134,35 @@ def measure(ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None
     sess.close()
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="simulated rank counts")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1], help="tokens per rank (at most 256)")
+    parser.add_argument("--steps", type=int, default=30, help="steps captured in the graph (>= 2)")
+    parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)  # inside the stamped copy
+    args = parser.parse_args(argv)
+    if not all(1 <= t <= 256 for t in args.tokens):
+        parser.error(f"--tokens must lie in 1..256, got {args.tokens}")
+    if args.steps < 2:
+        parser.error(f"--steps must be >= 2, got {args.steps}")
+    return args
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--run":
+    args = parse_args(sys.argv[1:])
+    if args.run:
         import flashinfer_a2a
 
         if not pathlib.Path(flashinfer_a2a.__file__).resolve().is_relative_to(pathlib.Path.cwd().resolve()):
             raise SystemExit(f"imported {flashinfer_a2a.__file__}, not the stamped copy in {pathlib.Path.cwd()}")
-        for ranks in (1, 2, 4):
-            measure(ranks, 1)
+        for ranks in args.ranks:
+            for tokens in args.tokens:
+                measure(ranks, tokens, args.steps)
         sys.exit(0)
     with tempfile.TemporaryDirectory() as tmp:
         copy = pathlib.Path(tmp)
         stamped_copy(copy)
         env = dict(os.environ, PYTHONPATH=f"{copy}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                    FLASHINFER_A2A_CACHE_DIR=str(copy / "cache"))
-        sys.exit(subprocess.call([sys.executable, str(pathlib.Path(__file__).resolve()), "--run"], cwd=tmp, env=env))
+        sys.exit(subprocess.call([sys.executable, str(pathlib.Path(__file__).resolve()), "--run", *sys.argv[1:]],
+                                 cwd=tmp, env=env))

@@ -4,12 +4,13 @@ Each iteration of each rank records events on the rank's stream: before dispatch
 (``split``), and the next iteration's first event (or a final one) closes it. In graph mode every iteration
 (warm-up included) is captured into one graph with the events as graph nodes, so replay runs them back to back
 with no host work in between and ranks in other processes fall into step during the warm-up iterations, which are
-dropped. An event node is not free: it ends the programmatic overlap of the kernels around it, and on simulated
-ranks (one graph branch per rank) the branches' event nodes add up. On one H200 at 1 token, an event between every
-iteration (``--pair-group 1``) read 14.4 us per pair with 2 simulated ranks and 30.0 with 4, where events every 25
-iterations read 9.5 and 13.8, and the kernels' own clocks gave a period of 9.2-9.5 and 10.4-10.7 us for the loop
-without events (docs/measurements/stage_times.py). So the pair is timed in a second run whose events enclose groups
-of ``--pair-group`` iterations (``GRAPH_PAIR_GROUP`` by default), each group giving one sample: its mean iteration.
+dropped. The graph is replayed ``GRAPH_REPLAYS`` times and the last replay is timed: the first launch of a graph
+also uploads it. An event node is not free: it ends the programmatic overlap of the kernels around it, and on
+simulated ranks (one graph branch per rank) the branches' event nodes add up. On one H200 at 1 token, an event
+between every iteration (``--pair-group 1``) read 14.4 us per pair with 2 simulated ranks and 30.0 with 4, where
+events every 25 iterations read 9.5 and 13.8 (one replay timed). So the pair is timed in a second run whose events
+enclose groups of ``--pair-group`` iterations (``GRAPH_PAIR_GROUP`` by default), each group giving one sample: its
+mean iteration. Larger groups change little (docs/benchmarks.md, "Clock").
 Eager mode launches the same loops from Python, an event per iteration; its split run also records the host time of
 each call.
 """
@@ -26,6 +27,9 @@ import torch
 PHASES = ("dispatch", "combine")
 #: Iterations per timed group of a graph-mode pair run (see the module docstring).
 GRAPH_PAIR_GROUP = 25
+#: Replays of each captured loop; the last is timed. A graph's first launch also uploads it to the GPU: on one H200
+#: the first replay read 0.5-1.4 us a pair more than the second (2 and 4 simulated ranks, 1 to 128 tokens).
+GRAPH_REPLAYS = 2
 
 
 @dataclasses.dataclass
@@ -121,9 +125,10 @@ def time_loop(ranks: Sequence[RankSteps], iters: int, warmup: int, graph: bool,
             _close(captured, events, total)
             for s in side:
                 capture.wait_stream(s)
-        torch.cuda.synchronize()
-        barrier()
-        g.replay()
+        for _ in range(GRAPH_REPLAYS):  # the events keep the last replay's times
+            torch.cuda.synchronize()
+            barrier()
+            g.replay()
         torch.cuda.synchronize()
         result = Timings(_elapsed(events, warmup // group) / group, None)
         del g

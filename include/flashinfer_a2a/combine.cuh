@@ -14,7 +14,7 @@
 // owners' workspaces and sums them as they land.
 // When the partials are already in place (zero copy) and the pull is small, CombineFusedKernel does both in one
 // launch: the first block to run publishes, every block waits for the peers, then pulls. Its grid is kept small
-// enough that the waiting blocks never hold a multiprocessor a peer sharing the GPU still needs (FusedCombineFits).
+// enough that the waiting blocks never hold a multiprocessor a peer sharing the GPU still needs (FusedCombineFor).
 // A combine runs the epoch of its dispatch and advances no counter of its own.
 #pragma once
 
@@ -84,12 +84,16 @@ __global__ void __launch_bounds__(kCombineThreads) CombinePullKernel(const __gri
                      static_cast<int64_t>(gridDim.x) * kCombineWarps);
 }
 
+// Blocks of 8 to 32 warps (FusedCombineFor): blockDim.x is the launch's. One block per multiprocessor lets ptxas use up
+// to 64 registers, which the widest pulls need.
 template <typename T, int kVec>
-__global__ void __launch_bounds__(kCombineThreads) CombineFusedKernel(const __grid_constant__ CombineParams p) {
+__global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
+    CombineFusedKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
   RankMetadata* meta = p.ranks.MyMeta();
-  const int64_t first_item = blockIdx.x * kCombineWarps + threadIdx.x / 32;
-  const int64_t item_stride = static_cast<int64_t>(gridDim.x) * kCombineWarps;
+  const int warps = blockDim.x / 32;
+  const int64_t first_item = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32;
+  const int64_t item_stride = static_cast<int64_t>(gridDim.x) * warps;
   const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);
   const uint32_t epoch = start.epoch;
   const int32_t first_entry = PrefetchRoute<kVec>(p, first_item, threadIdx.x % 32);  // this rank's own record
@@ -167,13 +171,13 @@ struct PushLauncher {
 
 struct PullLauncher {
   const CombineParams& p;
-  int blocks;
+  int blocks, threads;
   bool fused;
   cudaStream_t stream;
   template <typename T, int kVec>
   cudaError_t operator()() const {
-    return LaunchAfterPrior(fused ? CombineFusedKernel<T, kVec> : CombinePullKernel<T, kVec>, blocks, kCombineThreads,
-                            stream, p);
+    return LaunchAfterPrior(fused ? CombineFusedKernel<T, kVec> : CombinePullKernel<T, kVec>, blocks, threads, stream,
+                            p);
   }
 };
 
@@ -187,12 +191,27 @@ struct PullPreloader {
   }
 };
 
-// Whether a one-kernel combine of `blocks` blocks, every one of which waits for the peers, is safe to launch. With a
-// GPU per rank only this GPU's own work can be delayed by the waiting blocks. Where ranks share a GPU (simulated
-// ranks, processes on one GPU) each has at most one such kernel running, and a peer can always finish what it still
-// has to run (a dispatch, a publish) while every rank's waiting blocks together leave a multiprocessor free.
-inline bool FusedCombineFits(int blocks, int num_sms, int device_sms, int ep_size, bool one_gpu_per_rank) {
-  return blocks <= num_sms && (one_gpu_per_rank || static_cast<int64_t>(blocks) * ep_size < device_sms);
+// The grid of a one-kernel combine: every block waits for the peers before it pulls, so the grid must run in one
+// wave. With a GPU per rank only this GPU's own work can be delayed by the waiting blocks: a block per
+// multiprocessor at most. Where ranks share a GPU (simulated ranks, processes on one GPU) each has at most one such
+// kernel running, and a peer can always finish what it still has to run (a dispatch, a publish) while every rank's
+// waiting blocks together leave a multiprocessor free. Within that cap blocks keep 8 warps while there are enough
+// of them, then grow to 32. Where ranks share a GPU the cap is small, and a warp may pull up to
+// kSharedGpuFusedItems items in turn (the next item's route is loaded during the current one's sums); past that
+// the second launch costs less. With a GPU per rank every warp pulls one item, as the two-kernel pull would.
+constexpr int kSharedGpuFusedItems = 4;
+struct FusedCombineShape {
+  int blocks = 0, threads = 0;  // blocks == 0: the combine does not fit one kernel
+};
+inline FusedCombineShape FusedCombineFor(int64_t warps, int num_sms, int device_sms, int ep_size,
+                                         bool one_gpu_per_rank) {
+  constexpr int kMaxWarps = kFusedCombineMaxThreads / 32;
+  const int64_t cap = one_gpu_per_rank ? num_sms : std::min<int64_t>(num_sms, (device_sms - 1) / ep_size);
+  const int64_t items_per_warp = one_gpu_per_rank ? 1 : kSharedGpuFusedItems;
+  if (cap < 1 || warps > cap * kMaxWarps * items_per_warp) return {};
+  const int64_t per_block = std::clamp<int64_t>((warps + cap - 1) / cap, kCombineWarps, kMaxWarps);
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(cap, (warps + per_block - 1) / per_block));
+  return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
 }
 
 // pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. num_sms: the SM budget;
@@ -212,11 +231,12 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
   const int64_t warps = static_cast<int64_t>(p.num_tokens) * pieces;
   const int pull_blocks = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(num_sms * 8, (warps + kCombineWarps - 1) / kCombineWarps)));
-  // One kernel only while the pull fits in one wave: a larger grid spends more on every block waiting and counting
-  // itself than the second launch costs (measured on 2x H200: 1.9 us saved at 1 token, 1.3 us lost at 1024).
-  if (!split && p.input == nullptr && !p.fp8_wire &&
-      FusedCombineFits(pull_blocks, num_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank)) {
-    return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, true, stream});
+  // One kernel where the pull fits one wave (FusedCombineFor).
+  if (!split && p.input == nullptr && !p.fp8_wire) {
+    const FusedCombineShape fused = FusedCombineFor(warps, num_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
+    if (fused.blocks > 0) {
+      return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, fused.blocks, fused.threads, true, stream});
+    }
   }
   // Zero copy needs one block (the signal); a copy gets a warp per row (per piece of a row when quantizing from a
   // partials tensor), up to two blocks per multiprocessor.
@@ -232,7 +252,7 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
     return LaunchAfterPrior(p.fp16 ? CombinePullFp8Kernel<__half> : CombinePullFp8Kernel<__nv_bfloat16>, pull_blocks,
                             kCombineThreads, stream, p);
   }
-  return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, false, stream});
+  return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, kCombineThreads, false, stream});
 }
 
 inline cudaError_t GetCombineKernelAttributes() {

@@ -13,6 +13,8 @@ namespace flashinfer_a2a {
 
 constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
+// The one-kernel combine's blocks grow up to this many threads when its grid is capped (see LaunchCombine).
+constexpr int kFusedCombineMaxThreads = 1024;
 constexpr int kReduceChunkBytes = 4096;  // output bytes of one reduce item of the pushed combine
 // The one-kernel combine lets every block publish while that makes at most this many signal stores (blocks x ranks).
 constexpr int kCombinePublishAllStores = 128;
@@ -81,7 +83,7 @@ __device__ __forceinline__ void CopyRow(uint8_t* dst, const uint8_t* src, int64_
 
 // Tells every peer that this rank's combine input for `epoch` is in place (the block's threads share the stores).
 __device__ __forceinline__ void PublishCombineEpoch(const CombineParams& p, uint32_t epoch) {
-  for (int r = threadIdx.x; r < p.ranks.ep_size; r += kCombineThreads) {
+  for (int r = threadIdx.x; r < p.ranks.ep_size; r += blockDim.x) {
     StoreReleaseSys(&p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank], epoch);
   }
 }
@@ -90,7 +92,7 @@ __device__ __forceinline__ void PublishCombineEpoch(const CombineParams& p, uint
 // one of this thread's peers timed out; the acquires cover only this thread until a barrier extends them.
 __device__ __forceinline__ bool WaitCombinePeers(const CombineParams& p, RankMetadata* meta, uint32_t epoch) {
   bool timed_out = false;
-  for (int src = threadIdx.x; src < p.ranks.ep_size; src += kCombineThreads) {
+  for (int src = threadIdx.x; src < p.ranks.ep_size; src += blockDim.x) {
     if (!WaitUntil([&] { return EpochReached(LoadAcquireSys(&meta->combine_signal[src]), epoch); },
                    p.timeout_ns)) {
       RecordError(meta, ErrorCode::kTimeout, Phase::kCombine, src, epoch, 0);
@@ -107,9 +109,14 @@ struct TokenSources {
   int count;
 };
 
-__device__ __forceinline__ TokenSources LoadTokenSources(const CombineParams& p, bool failed, int64_t t, int lane) {
+// Lane j's entry alone: counting the entries waits for the load, so a prefetch takes only this.
+__device__ __forceinline__ int32_t LoadRouteEntry(const CombineParams& p, bool failed, int64_t t, int lane) {
   const int32_t* routing = reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
-  const int32_t entry = (!failed && lane < p.route_stride) ? routing[t * p.route_stride + lane] : -1;
+  return (!failed && lane < p.route_stride) ? routing[t * p.route_stride + lane] : -1;
+}
+
+__device__ __forceinline__ TokenSources LoadTokenSources(const CombineParams& p, bool failed, int64_t t, int lane) {
+  const int32_t entry = LoadRouteEntry(p, failed, t, lane);
   return {entry, CountRoutes(entry, p.ranks.ep_size, p.runtime_max)};
 }
 
@@ -175,23 +182,24 @@ __device__ __forceinline__ int32_t PrefetchRoute(const CombineParams& p, int64_t
 }
 
 // The pull of every (token, 32 * kVec bytes) item with index = first_item (mod item_stride), a warp per item.
-// `first_entry`: the first item's routing entry when prefetched (PrefetchRoute), else null.
+// `first_entry`: the first item's routing entry when prefetched (PrefetchRoute), else null. Each item's routing
+// entry is loaded while the previous item's partials are summed, so a warp with several items waits for one round
+// trip per item, not two.
 template <typename T, int kVec>
 __device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, int64_t first_item,
                                           int64_t item_stride, const int32_t* first_entry = nullptr) {
   const int lane = threadIdx.x % 32;
   const int pieces = static_cast<int>((p.row_bytes + 32 * kVec - 1) / (32 * kVec));
   const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
+  if (first_item >= items) return;
+  int32_t next = first_entry == nullptr ? LoadRouteEntry(p, failed, first_item / pieces, lane)
+                 : failed                ? -1
+                                         : *first_entry;
   for (int64_t item = first_item; item < items; item += item_stride) {
-    const int64_t t = item / pieces;
-    TokenSources sources;
-    if (first_entry != nullptr && item == first_item) {
-      const int32_t entry = failed ? -1 : *first_entry;
-      sources = {entry, CountRoutes(entry, p.ranks.ep_size, p.runtime_max)};
-    } else {
-      sources = LoadTokenSources(p, failed, t, lane);
-    }
-    SumPlainElems<T, kVec>(p, t, (item % pieces) * 32 * kVec + lane * kVec, sources.entry, sources.count, false);
+    const int32_t entry = next;
+    if (item + item_stride < items) next = LoadRouteEntry(p, failed, (item + item_stride) / pieces, lane);
+    SumPlainElems<T, kVec>(p, item / pieces, (item % pieces) * 32 * kVec + lane * kVec, entry,
+                           CountRoutes(entry, p.ranks.ep_size, p.runtime_max), false);
   }
 }
 

@@ -168,19 +168,16 @@ __device__ __forceinline__ int CountRoutes(int32_t entry, int ep_size, int runti
 }
 
 // Grid completion: every block calls this once after its stores; exactly one block (the last to arrive, whichever
-// it is) gets true. The fence before the count publishes the block's stores, including remote ones, at system
-// scope; the fence after it makes every block's stores visible to the last one before it signals peers. A grid of
-// one block needs only the barrier: the system-scope release that signals peers afterwards is cumulative over
-// every store the barrier ordered before it (and over earlier kernels' stores).
+// it is) gets true. The count is one acquire-release atomic at system scope: its release publishes the block's
+// stores (remote ones included, and those the barrier ordered before it), and its acquire makes every earlier
+// block's stores visible to the last one, whose system-scope release to the peers is then cumulative over them. A
+// grid of one block needs only the barrier: that release covers every store the barrier ordered before it (and
+// earlier kernels' stores).
 __device__ __forceinline__ bool ArriveLastBlock(uint32_t* blocks_done) {
   __shared__ bool is_last;
   __syncthreads();
   if (gridDim.x == 1) return true;
-  if (threadIdx.x == 0) {
-    FenceAcqRelSys();
-    is_last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
-    if (is_last) FenceAcqRelSys();
-  }
+  if (threadIdx.x == 0) is_last = AtomicAddAcqRelSys(blocks_done, 1u) == gridDim.x - 1;
   __syncthreads();
   return is_last;
 }

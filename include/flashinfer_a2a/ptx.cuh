@@ -27,13 +27,11 @@ __device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* addr) {
   return value;
 }
 
-__device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-
-// atomicAdd that releases this thread's earlier loads and stores (and those a barrier ordered before it) to the GPU and
-// acquires those released by earlier adds: cheaper than __threadfence() (a sequentially consistent fence) around one.
-__device__ __forceinline__ uint32_t AtomicAddAcqRelGpu(uint32_t* addr, uint32_t value) {
+// atomicAdd with release and acquire semantics at system scope: one instruction where a fence, the add and a fence
+// would be three.
+__device__ __forceinline__ uint32_t AtomicAddAcqRelSys(uint32_t* addr, uint32_t value) {
   uint32_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(addr), "r"(value) : "memory");
+  asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(addr), "r"(value) : "memory");
   return old;
 }
 

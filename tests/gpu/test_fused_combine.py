@@ -1,6 +1,7 @@
-"""Simulated ranks (one GPU) run a small zero-copy combine as one kernel, and a larger one, whose waiting blocks on
-every rank would leave no multiprocessor free, as the publish + pull pair; both sum bitwise like the reference. Each
-rank's dispatch takes an equal share of the multiprocessors by default."""
+"""Simulated ranks (one GPU) run a zero-copy combine as one kernel while its grid, capped so that the waiting blocks
+of every rank leave a multiprocessor free (and by the SM budget), can pull every item with at most 4 items a warp;
+a larger one runs as the publish + pull pair. Both sum bitwise like the reference. Each rank's dispatch takes an
+equal share of the multiprocessors by default."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ EP, EXPERTS, TOP_K, HIDDEN, MAX_TOKENS = 2, 8, 2, 1024, 512
 DTYPE = torch.bfloat16
 
 
-def _combine_kernels(tokens: int, gen: torch.Generator) -> set[str]:
+def _combine_kernels(tokens: int, gen: torch.Generator, num_sms: int = 0) -> set[str]:
     config = fa.WorkspaceConfig(ep_size=EP, max_num_tokens=MAX_TOKENS, dispatch_bytes_per_token=HIDDEN * 2 + TOP_K * 4,
                                 combine_bytes_per_token=HIDDEN * 2, top_k=TOP_K)
     sim = SimulatedRanks(config)
@@ -32,7 +33,8 @@ def _combine_kernels(tokens: int, gen: torch.Generator) -> set[str]:
     counts = [c for _, c in received]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        got = sim.run(lambda r: F.combine(sim.workspace, r, config, counts[r], tokens, tokens, out=outs[r]))
+        got = sim.run(lambda r: F.combine(sim.workspace, r, config, counts[r], tokens, tokens, out=outs[r],
+                                          num_sms=num_sms))
         torch.cuda.synchronize()
     partials = [sim.combine_input(r, tokens, HIDDEN, DTYPE) for r in range(EP)]
     expected = reference_combine([p.cpu() for p in partials], [i.cpu() for i in ids], EXPERTS)
@@ -43,17 +45,22 @@ def _combine_kernels(tokens: int, gen: torch.Generator) -> set[str]:
     return {e.name for e in prof.events() if "Combine" in e.name}
 
 
-def test_small_pull_runs_as_one_kernel_and_a_large_one_as_two():
+# A token is 4 pulled items (1024 bf16 = 4 x 512 bytes). With a budget of N multiprocessors a rank's one-kernel
+# combine has at most N blocks of 32 warps, each warp pulling up to 4 items: N * 32 tokens fit.
+@pytest.mark.parametrize("tokens, num_sms, fused", [
+    (4, 0, True),     # 2 blocks of 8 warps, an item each
+    (200, 0, True),   # 800 items: the cap (every rank's blocks leave a multiprocessor free) is not reached
+    (64, 2, True),    # 2 blocks of 32 warps, 4 items a warp
+    (40, 3, True),    # 3 blocks of 32 warps, 1 or 2 items a warp
+    (65, 2, False),   # 260 items > 2 x 32 x 4
+    (300, 9, False),  # 1200 items > 9 x 32 x 4
+])
+def test_combine_runs_as_one_kernel_while_its_grid_fits(tokens, num_sms, fused):
     gen = torch.Generator().manual_seed(torch.seed())
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    small = _combine_kernels(4, gen)  # 4 tokens x 4 pieces: 2 blocks a rank
-    assert any("CombineFusedKernel" in k for k in small), small
-    assert not any("CombinePullKernel" in k or "CombinePublishKernel" in k for k in small), small
-    # 4 pieces a token, 8 warps a block: tokens / 2 blocks a rank; EP ranks of them must fill every multiprocessor
-    large_tokens = min(MAX_TOKENS, sms // EP * 2 + 2)
-    large = _combine_kernels(large_tokens, gen)
-    assert any("CombinePublishKernel" in k for k in large) and any("CombinePullKernel" in k for k in large), large
-    assert not any("CombineFusedKernel" in k for k in large), large
+    kernels = _combine_kernels(tokens, gen, num_sms)
+    one = any("CombineFusedKernel" in k for k in kernels)
+    two = any("CombinePublishKernel" in k for k in kernels) and any("CombinePullKernel" in k for k in kernels)
+    assert (one, two) == (fused, not fused), kernels
 
 
 def test_simulated_dispatch_takes_a_share_of_the_multiprocessors():
