@@ -1,0 +1,78 @@
+// Host-only check of the one-kernel combine's grid (FusedCombineFor in combine.cuh) over many shapes: whenever it
+// picks one kernel, the grid is safe and covers the pull; whenever it declines, no safe grid could have. Run by
+// tests/test_combine_grid.py; prints "<cases> cases, <violations> violations" and the first few violations.
+#include <cstdio>
+
+#include "flashinfer_a2a/combine.cuh"
+
+namespace {
+
+using flashinfer_a2a::FusedCombineFor;
+using flashinfer_a2a::FusedCombineShape;
+
+int violations = 0;
+
+void Violation(const char* what, long long warps, int num_sms, int device_sms, int ep, bool own_gpu,
+               const FusedCombineShape& s) {
+  if (++violations <= 5) {
+    std::printf("%s: warps=%lld num_sms=%d device_sms=%d ep_size=%d one_gpu_per_rank=%d -> blocks=%d threads=%d\n",
+                what, warps, num_sms, device_sms, ep, own_gpu, s.blocks, s.threads);
+  }
+}
+
+// What the rule promises, stated without its arithmetic: the most blocks that may wait at once, and the items one
+// warp may pull in turn.
+long long MaxBlocks(int num_sms, int device_sms, int ep, bool own_gpu) {
+  if (own_gpu) return num_sms;
+  long long blocks = 0;  // the largest count whose blocks on every rank leave a multiprocessor free
+  while (blocks + 1 <= num_sms && (blocks + 1) * ep < device_sms) ++blocks;
+  return blocks;
+}
+
+void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu) {
+  const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu);
+  const long long max_blocks = MaxBlocks(num_sms, device_sms, ep, own_gpu);
+  const long long items_per_warp = own_gpu ? 1 : flashinfer_a2a::kSharedGpuFusedItems;
+  const bool possible = max_blocks >= 1 && warps <= max_blocks * 32 * items_per_warp;
+  if (s.blocks == 0) {
+    if (possible) Violation("declined although a safe grid exists", warps, num_sms, device_sms, ep, own_gpu, s);
+    return;
+  }
+  if (!possible) Violation("one kernel although no safe grid exists", warps, num_sms, device_sms, ep, own_gpu, s);
+  if (s.blocks < 1 || s.blocks > max_blocks) {
+    Violation("blocks out of range", warps, num_sms, device_sms, ep, own_gpu, s);
+  }
+  if (s.threads % 32 != 0 || s.threads < flashinfer_a2a::kCombineThreads ||
+      s.threads > flashinfer_a2a::kFusedCombineMaxThreads) {
+    Violation("threads out of range", warps, num_sms, device_sms, ep, own_gpu, s);
+  }
+  const long long grid_warps = static_cast<long long>(s.blocks) * (s.threads / 32);
+  if ((warps + grid_warps - 1) / grid_warps > items_per_warp) {
+    Violation("a warp pulls too many items", warps, num_sms, device_sms, ep, own_gpu, s);
+  }
+  if (static_cast<long long>(s.blocks - 1) * (s.threads / 32) >= warps) {
+    Violation("a block without items", warps, num_sms, device_sms, ep, own_gpu, s);
+  }
+}
+
+}  // namespace
+
+int main() {
+  long long cases = 0;
+  const int device_sms_list[] = {78, 114, 132, 148};
+  const int ep_list[] = {1, 2, 3, 4, 5, 8, 16, 32, 72, 200};
+  for (int device_sms : device_sms_list) {
+    for (int num_sms = 1; num_sms <= device_sms; num_sms += (num_sms < 8 ? 1 : 7)) {
+      for (int ep : ep_list) {
+        for (int own_gpu = 0; own_gpu < 2; ++own_gpu) {
+          for (long long warps = 1; warps <= 40000; warps += (warps < 600 ? 1 : 37)) {
+            Check(warps, num_sms, device_sms, ep, own_gpu != 0);
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  std::printf("%lld cases, %d violations\n", cases, violations);
+  return violations == 0 ? 0 : 1;
+}
