@@ -33,7 +33,8 @@ void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu) {
   const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu);
   const long long max_blocks = MaxBlocks(num_sms, device_sms, ep, own_gpu);
   const long long items_per_warp = own_gpu ? 1 : flashinfer_a2a::kSharedGpuFusedItems;
-  const bool possible = max_blocks >= 1 && warps <= max_blocks * 32 * items_per_warp;
+  constexpr long long kMaxWarps = flashinfer_a2a::kFusedCombineMaxThreads / 32;
+  const bool possible = max_blocks >= 1 && warps <= max_blocks * kMaxWarps * items_per_warp;
   if (s.blocks == 0) {
     if (possible) Violation("declined although a safe grid exists", warps, num_sms, device_sms, ep, own_gpu, s);
     return;

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 
 def _counting_ranks(n: int):
     """n ranks, each on a stream of its own, whose phases add 1 to their own slot of a device counter; the
-    combine also spins a little so that its time is not zero."""
+    combine also scales a scratch buffer, so that a pair's time is never zero."""
     counts = torch.zeros(n, 2, dtype=torch.int64, device="cuda")
     scratch = torch.zeros(1 << 16, device="cuda")
     ranks = []
