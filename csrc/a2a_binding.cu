@@ -32,6 +32,9 @@ void Dispatch(TensorView workspace, TensorView topk_ids, Array<Tensor> payloads,
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
               int64_t num_experts, double timeout_s, int64_t quant_format, Optional<Tensor> global_scale,
               bool swizzled_scales, int64_t phase, int64_t num_sms);
+tvm::ffi::Function BindDispatch(Tensor workspace, Tensor recv_counts, int64_t ep_rank, int64_t ep_size,
+                                int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                                int64_t combine_bytes_per_token, int64_t num_experts, int64_t num_sms);
 void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank, int64_t ep_size,
                   int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
                   int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank, double timeout_s);
@@ -41,6 +44,9 @@ void Combine(TensorView workspace, Optional<Tensor> partials, TensorView recv_co
              int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
              double timeout_s, bool one_gpu_per_rank, int64_t quant_format, int64_t combine_mode, int64_t phase,
              int64_t num_sms);
+tvm::ffi::Function BindCombine(Tensor workspace, Tensor recv_counts, int64_t ep_rank, int64_t ep_size,
+                               int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                               int64_t combine_bytes_per_token, bool one_gpu_per_rank, int64_t num_sms);
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id);
 
 }  // namespace flashinfer_a2a
@@ -52,5 +58,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_constants, flashinfer_a2a::GetConstants);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(initialize, flashinfer_a2a::Initialize);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch, flashinfer_a2a::Dispatch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch_recv, flashinfer_a2a::DispatchRecv);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(bind_dispatch, flashinfer_a2a::BindDispatch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(combine, flashinfer_a2a::Combine);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(bind_combine, flashinfer_a2a::BindCombine);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sanitize_expert_ids, flashinfer_a2a::SanitizeExpertIds);

@@ -1,4 +1,5 @@
 // Entry points for combine and sanitize_expert_ids: validate -> device guard -> stream -> fill params -> launch.
+#include <tvm/ffi/function.h>
 #include <tvm/ffi/optional.h>
 
 #include <flashinfer_a2a/combine.cuh>
@@ -138,6 +139,20 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   const int device = workspace.device().device_id;
   A2A_CUDA_CHECK(LaunchCombine(params, type, pull_vec, SmBudget(num_sms, device), NumSMs(device), one_gpu_per_rank,
                                stream));
+}
+
+// The eager fast path (flashinfer_a2a/eager_calls.py): Combine with the arguments fixed for one MoeAlltoAll bound
+// once, as BindDispatch does for Dispatch.
+tvm::ffi::Function BindCombine(tvm::ffi::Tensor workspace, tvm::ffi::Tensor recv_counts, int64_t ep_rank,
+                               int64_t ep_size, int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                               int64_t combine_bytes_per_token, bool one_gpu_per_rank, int64_t num_sms) {
+  return tvm::ffi::Function::FromTyped([=](tvm::ffi::Optional<tvm::ffi::Tensor> partials, TensorView out,
+                                           int64_t runtime_max_tokens_per_rank, double timeout_s,
+                                           int64_t quant_format, int64_t combine_mode, int64_t phase) {
+    Combine(workspace, partials, recv_counts, out, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
+            combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s, one_gpu_per_rank, quant_format,
+            combine_mode, phase, num_sms);
+  });
 }
 
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id) {

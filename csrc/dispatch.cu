@@ -1,9 +1,12 @@
 // Entry point for dispatch: validate -> device guard -> stream -> fill DispatchParams -> launch.
 #include <tvm/ffi/container/array.h>
+#include <tvm/ffi/function.h>
 
 #include <flashinfer_a2a/dispatch.cuh>
 
 #include <algorithm>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -93,6 +96,36 @@ DispatchQuant MakeDispatchQuant(const QuantRequest& quant, const RecvRegions& re
   q.scale_block_bytes = wire.ScaleBlockBytes(quant.hidden, runtime_max, quant.swizzled);
   return q;
 }
+
+// The distinct payload row shapes (per payload: dtype, rank and every size but the first) one bound dispatch has
+// been called with, each under an id that is never reused: the caller keys its cached receive views on it instead of
+// reading every payload's shape in Python. Past kMaxShapes it starts over with new ids.
+class RowShapes {
+ public:
+  int64_t IdOf(const tvm::ffi::Array<tvm::ffi::Tensor>& payloads) {
+    std::vector<int64_t> shape;
+    for (const tvm::ffi::Tensor& payload : payloads) {
+      const TensorView p = payload;
+      const DLDataType d = p.dtype();
+      shape.push_back(d.code | (d.bits << 8) | (static_cast<int64_t>(d.lanes) << 16));
+      shape.push_back(p.ndim());
+      for (int i = 1; i < p.ndim(); ++i) shape.push_back(p.size(i));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [seen, id] : seen_) {
+      if (seen == shape) return id;
+    }
+    if (seen_.size() >= kMaxShapes) seen_.clear();
+    seen_.emplace_back(std::move(shape), next_id_);
+    return next_id_++;
+  }
+
+ private:
+  static constexpr size_t kMaxShapes = 64;
+  std::mutex mutex_;  // calls from several Python threads may overlap
+  std::vector<std::pair<std::vector<int64_t>, int64_t>> seen_;
+  int64_t next_id_ = 0;
+};
 
 }  // namespace
 
@@ -211,6 +244,25 @@ void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank,
   params.recv_counts = static_cast<int32_t*>(BytePtr(recv_counts));
   params.timeout_ns = timeout_ns;
   A2A_CUDA_CHECK(LaunchDispatch(params, false, 1, stream));
+}
+
+// The eager fast path (flashinfer_a2a/eager_calls.py): the arguments that stay fixed for one MoeAlltoAll bound once,
+// so that each call converts only what changes. Each call runs Dispatch, checks included, and returns the id of its
+// payloads' row shapes (RowShapes).
+tvm::ffi::Function BindDispatch(tvm::ffi::Tensor workspace, tvm::ffi::Tensor recv_counts, int64_t ep_rank,
+                                int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
+                                int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t num_experts,
+                                int64_t num_sms) {
+  auto shapes = std::make_shared<RowShapes>();
+  return tvm::ffi::Function::FromTyped(
+      [=](TensorView topk_ids, tvm::ffi::Array<tvm::ffi::Tensor> payloads, int64_t runtime_max_tokens_per_rank,
+          double timeout_s, int64_t quant_format, tvm::ffi::Optional<tvm::ffi::Tensor> global_scale,
+          bool swizzled_scales, int64_t phase) -> int64_t {
+        Dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
+                 dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts,
+                 timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms);
+        return shapes->IdOf(payloads);
+      });
 }
 
 }  // namespace flashinfer_a2a

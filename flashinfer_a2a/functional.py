@@ -201,6 +201,13 @@ def debug_checks_due(debug: Optional[bool] = None) -> bool:
     return _debug(debug) and not DEFER_DEBUG_CHECKS.get() and _eager()
 
 
+def debug_check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Debug mode, before a dispatch: its ids checked on the host, in eager calls (this waits on this rank's stream
+    only, never on peers)."""
+    if _eager():
+        check_topk_ids_on_host(topk_ids, num_experts)
+
+
 def _debug_check(workspace: torch.Tensor, ep_rank: int, debug: Optional[bool]) -> None:
     if debug_checks_due(debug):
         check_error(workspace, ep_rank)
@@ -261,6 +268,27 @@ def dispatch(
     return views, recv_counts
 
 
+def check_dispatch_call(topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max_tokens_per_rank: int,
+                        quant_format: Optional[str] = None) -> Optional[WireFormat]:
+    """The host checks of a dispatch's tensors (kinds, token counts, payload count; the C++ checks the rest) with
+    errors in the caller's terms; returns the quantization format asked for."""
+    check_dispatch_inputs(topk_ids, payloads)
+    fmt = _quant_format(quant_format)
+    if len(payloads) > MAX_PAYLOADS - (fmt is not None):
+        raise ValueError(f"payloads: at most {MAX_PAYLOADS - (fmt is not None)} tensors per dispatch"
+                         f"{' that quantizes' if fmt else ''}, got {len(payloads)}")
+    num_tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else -1
+    if num_tokens < 0 or num_tokens > runtime_max_tokens_per_rank:
+        raise ValueError(
+            f"topk_ids must be [num_tokens, top_k] with num_tokens <= runtime_max_tokens_per_rank="
+            f"{runtime_max_tokens_per_rank}, got {tuple(topk_ids.shape)}"
+        )
+    for i, p in enumerate(payloads):
+        if p.dim() < 1 or p.shape[0] != num_tokens:
+            raise ValueError(f"payloads[{i}] must be [num_tokens={num_tokens}, ...], got {tuple(p.shape)}")
+    return fmt
+
+
 def launch_dispatch(
     workspace: torch.Tensor,
     ep_rank: int,
@@ -282,23 +310,10 @@ def launch_dispatch(
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any. ``num_sms``: size the grid for at most this many
     multiprocessors (0: all). ``phase=1`` sends only (see :mod:`flashinfer_a2a.split_phase`)."""
-    check_dispatch_inputs(topk_ids, payloads)
-    fmt = _quant_format(quant_format)
-    if len(payloads) > MAX_PAYLOADS - (fmt is not None):
-        raise ValueError(f"payloads: at most {MAX_PAYLOADS - (fmt is not None)} tensors per dispatch"
-                         f"{' that quantizes' if fmt else ''}, got {len(payloads)}")
-    num_tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else -1
-    if num_tokens < 0 or num_tokens > runtime_max_tokens_per_rank:
-        raise ValueError(
-            f"topk_ids must be [num_tokens, top_k] with num_tokens <= runtime_max_tokens_per_rank="
-            f"{runtime_max_tokens_per_rank}, got {tuple(topk_ids.shape)}"
-        )
-    for i, p in enumerate(payloads):
-        if p.dim() < 1 or p.shape[0] != num_tokens:
-            raise ValueError(f"payloads[{i}] must be [num_tokens={num_tokens}, ...], got {tuple(p.shape)}")
+    fmt = check_dispatch_call(topk_ids, payloads, runtime_max_tokens_per_rank, quant_format)
     debug = _debug(debug)
-    if debug and _eager():
-        check_topk_ids_on_host(topk_ids, num_experts)  # waits on this rank's stream only: never on peers
+    if debug:
+        debug_check_ids(topk_ids, num_experts)
     if recv_counts is None:
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
     ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
@@ -345,6 +360,23 @@ def combine_input(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig
     else:
         combine_offset = _layout(config.sizes(), runtime_max_tokens_per_rank, ())[0]
     return _view(workspace, ep_rank, combine_offset, (config.ep_size, runtime_max_tokens_per_rank, hidden), dtype)
+
+
+def combine_output(workspace: torch.Tensor, num_tokens: int, partials: Optional[torch.Tensor],
+                   out: Optional[torch.Tensor], hidden: Optional[int], dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """A combine's output: ``out`` checked to be ``[num_tokens, hidden]`` (the kernels take its rows as the token
+    count), or a new one; the row shape comes from ``partials``, else ``out``, else ``hidden`` and ``dtype``."""
+    if partials is not None:
+        hidden, dtype = partials.shape[-1], partials.dtype
+    elif out is not None:
+        hidden, dtype = out.shape[-1], out.dtype
+    if hidden is None or dtype is None:
+        raise ValueError("combine: pass partials, out, or hidden and dtype for the zero-copy combine input")
+    if out is None:
+        return torch.empty(num_tokens, hidden, dtype=dtype, device=workspace.device)
+    if tuple(out.shape) != (num_tokens, hidden):
+        raise ValueError(f"out must be [num_tokens={num_tokens}, hidden={hidden}], got {tuple(out.shape)}")
+    return out
 
 
 def combine(
@@ -405,16 +437,7 @@ def combine(
     Returns:
         ``[num_tokens, hidden]``.
     """
-    if partials is not None:
-        hidden, dtype = partials.shape[-1], partials.dtype
-    elif out is not None:
-        hidden, dtype = out.shape[-1], out.dtype
-    if hidden is None or dtype is None:
-        raise ValueError("combine: pass partials, out, or hidden and dtype for the zero-copy combine input")
-    if out is None:
-        out = torch.empty(num_tokens, hidden, dtype=dtype, device=workspace.device)
-    elif tuple(out.shape) != (num_tokens, hidden):
-        raise ValueError(f"out must be [num_tokens={num_tokens}, hidden={hidden}], got {tuple(out.shape)}")
+    out = combine_output(workspace, num_tokens, partials, out, hidden, dtype)
     check_combine_format(quant_format, "combine quant_format")
     ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
                 _timeout(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional, Sequence
 
 import torch
@@ -10,12 +11,15 @@ from . import config as _config
 from . import functional as F
 from . import shared_workspace, sizing
 from .agreement import check_agreement, construction_record
-from .combine_mode import pushed_wires
+from .combine_mode import combine_mode_code, pushed_wires
 from .comm import as_communicator
+from .eager_calls import EagerCalls
 from .lifecycle import barrier_within
 from .nccl_transport import NcclTransport, check_transport, process_group_of, resolve_transport
 from .split_phase import SplitPhaseMixin
 from .wire_formats import check_combine_format, wire_format
+
+_INSTANCES = itertools.count()  # names each instance's eager calls in its shared workspace
 
 
 class MoeAlltoAll(SplitPhaseMixin):
@@ -148,6 +152,7 @@ class MoeAlltoAll(SplitPhaseMixin):
         self.device = self.workspace.device
         self._recv_counts = torch.empty(self.ep_size, dtype=torch.int32, device=self.device)
         self._calls = 0
+        self._instance = next(_INSTANCES)
 
     # The workspace, its layout and the pending dispatch belong to the shared workspace (read at each call: a later
     # layer may have grown it).
@@ -155,7 +160,6 @@ class MoeAlltoAll(SplitPhaseMixin):
     workspace = property(lambda self: None if self._shared is None else self._shared.tensor)
     metainfo = property(lambda self: self._shared.metainfo)
     _symm = property(lambda self: None if self._shared is None else self._shared.allocation)
-    _views = property(lambda self: self._shared.views)
     # The call order, the pending dispatch and what a split call's receive half needs from its send: one per shared
     # workspace, whichever layer made the call.
     _order = property(lambda self: self._shared.order)
@@ -187,7 +191,7 @@ class MoeAlltoAll(SplitPhaseMixin):
             return self._nccl.dispatch(topk_ids, payloads, self.config.max_num_tokens if runtime_max_tokens_per_rank
                                        is None else runtime_max_tokens_per_rank, quant_format=quant_format,
                                        global_scale=global_scale, swizzled_scales=swizzled_scales)
-        self._begin("dispatch")
+        shared = self._begin("dispatch")
         runtime_max = self._runtime_max(runtime_max_tokens_per_rank)
         # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
         if self._debug and F.debug_checks_due(True):
@@ -199,14 +203,12 @@ class MoeAlltoAll(SplitPhaseMixin):
                                       global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self._debug,
                                       num_sms=self.num_sms)
         else:  # eager: one counts tensor and cached views, valid (like the views always were) until the next dispatch
-            counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                       self.num_experts, timeout_s=timeout_s, recv_counts=self._recv_counts,
-                                       quant_format=quant_format, global_scale=global_scale,
-                                       swizzled_scales=swizzled_scales, debug=self._debug, num_sms=self.num_sms)
-            recv = self._recv_views(runtime_max, payloads, quant_format, swizzled_scales)
-        self._pending = (topk_ids.shape[0], runtime_max, counts)
+            recv = self._eager().dispatch(topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
+                                          swizzled_scales)
+            counts = self._recv_counts
+        shared.pending = (topk_ids.shape[0], runtime_max, counts)
         self._calls += 1
-        self._order.advance("dispatch")
+        shared.order.advance("dispatch")
         return recv, counts
 
     def _runtime_max(self, runtime_max_tokens_per_rank: Optional[int]) -> int:
@@ -216,17 +218,16 @@ class MoeAlltoAll(SplitPhaseMixin):
                              f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
         return runtime_max
 
-    def _recv_views(self, runtime_max: int, payloads: Sequence[torch.Tensor], quant_format: Optional[str],
-                    swizzled_scales: bool) -> list[torch.Tensor]:
-        """The receive views, built once per shape: making them costs more host time than the launch."""
-        key = (runtime_max, quant_format, swizzled_scales, *[(p.dtype, p.shape[1:]) for p in payloads])
-        views = self._views.get(key)
-        if views is None:
-            if len(self._views) >= 64:  # many distinct shapes (runtime_max varies per step): start over
-                self._views.clear()
-            views = self._views[key] = F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads,
-                                                    quant_format=quant_format, swizzled_scales=swizzled_scales)
-        return list(views)
+    def _eager(self) -> EagerCalls:
+        """This instance's eager calls on the shared workspace as it is now (made again when it moved)."""
+        calls = self._shared.eager_calls.get(self._instance)
+        if calls is None:
+            shared = self._shared
+            modes = {q: combine_mode_code(self.combine_mode(q)) for q in (None, "fp8_block")}
+            calls = shared.eager_calls[self._instance] = EagerCalls(
+                shared.tensor, self._recv_counts, self.ep_rank, shared.config, self.num_experts, self.num_sms,
+                shared.one_gpu_per_rank, modes, self._debug)
+        return calls
 
     def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The zero-copy combine input ``[ep_size, runtime_max, hidden]`` of the pending dispatch: write the expert
@@ -251,17 +252,21 @@ class MoeAlltoAll(SplitPhaseMixin):
         ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
         if self._nccl is not None:
             return self._nccl.combine(partials, *self._combine_row(None, None), out=out, quant_format=quant_format)
-        self._begin("combine")
-        num_tokens, runtime_max, counts = self._pending
+        shared = self._begin("combine")
+        num_tokens, runtime_max, counts = shared.pending
         given = partials if partials is not None else out  # a row shape given wins over the constructor's
         hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
-        result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
-                           out=out, hidden=hidden, dtype=dtype,
-                           timeout_s=self._timeout_s if timeout_s is None else timeout_s,
-                           one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format,
-                           combine_mode=self.combine_mode(quant_format), debug=self._debug, num_sms=self.num_sms)
-        self._pending = None
-        self._order.advance("combine")
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        if counts is self._recv_counts and not torch.compiler.is_compiling():  # an eager dispatch's combine
+            result = self._eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
+                                           quant_format)
+        else:
+            result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
+                               out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s,
+                               one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format,
+                               combine_mode=self.combine_mode(quant_format), debug=self._debug, num_sms=self.num_sms)
+        shared.pending = None
+        shared.order.advance("combine")
         return result
 
     def workspace_breakdown(self) -> str:
@@ -299,6 +304,7 @@ class MoeAlltoAll(SplitPhaseMixin):
         if self._shared is None:
             return
         shared, self._shared = self._shared, None
+        shared.eager_calls.pop(self._instance, None)
         shared_workspace.release(shared)
 
     def bind_stream(self, stream: Optional[torch.cuda.Stream] = None) -> None:
@@ -314,11 +320,15 @@ class MoeAlltoAll(SplitPhaseMixin):
         if self._symm is None:
             raise RuntimeError("this MoeAlltoAll was destroyed: build a new one (its workspace is freed)")
 
-    def _begin(self, call: str) -> None:
-        """Checks before a step launches: the instance lives, the step runs on the bound stream, in order."""
-        self._check_alive()
-        self._shared.stream.check(call)
-        self._order.check(call)
+    def _begin(self, call: str) -> shared_workspace.SharedWorkspace:
+        """Checks before a step launches: the instance lives, the step runs on the bound stream, in order. Returns
+        the shared workspace."""
+        shared = self._shared
+        if shared is None or shared.allocation is None:
+            self._check_alive()  # raises, saying why
+        shared.stream.check(call)
+        shared.order.check(call)
+        return shared
 
     def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
         """The received dispatch that a step named ``what`` works on (it needs what combine_input needs)."""

@@ -49,8 +49,9 @@ class SharedWorkspace:
         #: half needs from its send.
         self.order = CallOrder()
         self.sent: Optional[tuple] = None
-        #: receive views by call shape; cleared when the workspace moves.
-        self.views: dict[tuple, list[torch.Tensor]] = {}
+        #: each user's eager calls (flashinfer_a2a.eager_calls, with its receive views), by the user's instance
+        #: number; cleared when the workspace moves.
+        self.eager_calls: dict[int, Any] = {}
         self.users = 0
         self.allocations = 0  # how many times memory was allocated (tests and logs)
         #: the stream every user's steps run on (they share the epochs and the pending dispatch)
@@ -77,7 +78,7 @@ class SharedWorkspace:
         self.tensor = self.allocation.tensor
         if self.stream is None:
             self.stream = StreamBinding(self.tensor.device)
-        self.views.clear()
+        self.eager_calls.clear()
         try:
             self.metainfo = F.initialize(self.tensor, self.comm.rank, want)
             self._quiesce("initialized its workspace")  # every rank initialized before any rank dispatches
@@ -108,7 +109,7 @@ class SharedWorkspace:
                                f"after it ({reason})")
 
     def _free(self) -> None:
-        self.views.clear()
+        self.eager_calls.clear()
         self.tensor = None
         if self.allocation is not None:
             self.allocation.destroy()

@@ -190,9 +190,9 @@ class SplitPhaseMixin:
             views, counts = dispatch_send(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
                                           self.num_experts, **kwargs)
         else:
-            counts = F.launch_dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                       self.num_experts, recv_counts=self._recv_counts, phase=SEND, **kwargs)
-            views = self._recv_views(runtime_max, payloads, quant_format, swizzled_scales)
+            views = self._eager().dispatch(topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
+                                           swizzled_scales, phase=SEND)
+            counts = self._recv_counts
         self._pending = (topk_ids.shape[0], runtime_max, counts)
         self._sent = (views, timeout_s)
         self._calls += 1

@@ -83,7 +83,7 @@ def test_stream_binding_refuses_another_stream(monkeypatch):
     from flashinfer_a2a import lifecycle
 
     current = {"stream": 0x10, "capturing": False}
-    monkeypatch.setattr(lifecycle, "_stream_id", lambda device: current["stream"])
+    monkeypatch.setattr(lifecycle, "_stream_getter", lambda device: lambda: current["stream"])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: current["capturing"])
     binding = lifecycle.StreamBinding(torch.device("cuda", 0))
     current["capturing"] = True

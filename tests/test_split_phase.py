@@ -133,7 +133,7 @@ class _CpuWorkspace:
 def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
     """MoeAlltoAll's split calls on the CPU, the launches replaced by recorders: calls out of order raise and launch
     nothing; a send then its receive launch once each, with the object's SM budget."""
-    from flashinfer_a2a import moe_alltoall
+    from flashinfer_a2a import eager_calls
 
     class Comm(_OneRank):
         def barrier(self):
@@ -146,11 +146,15 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
     a2a = MoeAlltoAll(Comm(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, num_sms=3)
     launched = []
 
-    def launch_dispatch(*args, recv_counts=None, phase=0, num_sms=0, **kwargs):
-        launched.append(("dispatch", phase, num_sms))
-        return recv_counts
+    class Bound:  # the eager path's bound entry points, recording instead of launching
+        def bind_dispatch(self, *args):
+            num_sms = args[-1]
+            return lambda *call: launched.append(("dispatch", call[-1], num_sms)) or 0
 
-    monkeypatch.setattr(moe_alltoall.F, "launch_dispatch", launch_dispatch)
+        def bind_combine(self, *args):
+            return lambda *call: launched.append(("combine", call[-1], args[-1]))
+
+    monkeypatch.setattr(eager_calls, "get_a2a_module", Bound)
     monkeypatch.setattr(sp, "dispatch_recv", lambda *args, **kwargs: launched.append(("dispatch_recv",)))
     monkeypatch.setattr(sp, "combine_send", lambda *args, num_sms=0, **kwargs: launched.append(("combine", 1, num_sms)))
     monkeypatch.setattr(sp, "combine_recv", lambda *args, out=None, num_sms=0, **kwargs:

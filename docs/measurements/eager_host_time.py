@@ -4,9 +4,8 @@ weights), median over 3000 calls after 200 untimed pairs.
     taskset -c 3 python docs/measurements/eager_host_time.py     # one GPU; pinning steadies the numbers
 
 Prints, at 1 and 128 tokens: MoeAlltoAll.dispatch and .combine per call and a back-to-back eager pair, then the
-layers under dispatch (functional.launch_dispatch, the op, its implementation, the tvm-ffi call) and, for scale, a
-trivial tvm-ffi call and a trivial torch op. One H200, 2026-11-24, three rounds: dispatch 10.2-10.9 us, combine
-9.0-9.4 us, the pair 20.4-21.6 us; the tvm-ffi call into C++ is 4.6-4.9 us of a dispatch (docs/benchmarks.md).
+layers under dispatch (flashinfer_a2a.eager_calls, the bound tvm-ffi call), and, for scale, the functional call, the
+tvm-ffi call with every argument, a trivial tvm-ffi call and a trivial torch op (docs/benchmarks.md).
 """
 
 import statistics
@@ -16,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import flashinfer_a2a.functional as F
-from flashinfer_a2a import MoeAlltoAll, ops
+from flashinfer_a2a import MoeAlltoAll
 from flashinfer_a2a.jit import get_a2a_module
 from flashinfer_a2a.reference import random_topk_ids
 
@@ -67,15 +66,18 @@ def main() -> None:
         wall = (time.perf_counter() - start) / CALLS * 1e6
         print(f"{tokens} tokens: MoeAlltoAll.dispatch {statistics.median(host['dispatch']) / 1e3:.2f} us, "
               f"combine {statistics.median(host['combine']) / 1e3:.2f} us, eager pair back to back {wall:.2f} us")
-        # The layers under dispatch, called as MoeAlltoAll calls them (each call a dispatch of its own).
+        # The layers under dispatch, each call a dispatch of its own (as MoeAlltoAll makes it), and for scale the
+        # functional call and the tvm-ffi call with every argument, which an eager MoeAlltoAll no longer makes.
+        calls = a2a._eager()
+        bound = (ids, payloads, MAX_TOKENS, 10.0, 0, None, False, 0)
         args = (workspace, ids, payloads, counts, 0, *config.sizes(), MAX_TOKENS, EXPERTS, 10.0, 0, None, False, 0, 0)
         layers = {
+            "EagerCalls.dispatch": lambda: calls.dispatch(ids, payloads, MAX_TOKENS, 10.0),
+            "bound tvm-ffi dispatch": lambda: calls._dispatch(*bound),
             "functional.launch_dispatch": lambda: F.launch_dispatch(workspace, 0, config, ids, payloads, MAX_TOKENS,
                                                                     EXPERTS, recv_counts=counts, timeout_s=10.0,
                                                                     debug=False),
-            "ops.dispatch": lambda: ops.dispatch(*args),
-            "ops.dispatch.impl": lambda: ops.dispatch.impl(*args),
-            "tvm-ffi dispatch": lambda: module.dispatch(*args),
+            "tvm-ffi dispatch, every argument": lambda: module.dispatch(*args),
             "tvm-ffi get_workspace_size": lambda: module.get_workspace_size(*config.sizes()),
             "torch x.add_(0)": lambda: payloads[0].add_(0),
         }

@@ -28,6 +28,8 @@ from typing import Optional, Sequence
 import torch
 
 from .. import functional as F
+from ..constants import COMBINE_PULL
+from ..eager_calls import EagerCalls
 from ..errors import check_error
 from ..moe_alltoall import MoeAlltoAll
 from ..reference import quant, random_topk_ids, token_rank_mask
@@ -208,21 +210,23 @@ class A2A:
             moe = self.moe
             return RankSteps(lambda: moe.dispatch(ids_dev, payloads, tokens, **dispatch_kw),
                              lambda: moe.combine(partials, **combine_kw))
-        # Simulated ranks run the path MoeAlltoAll runs (an engine's): a counts tensor and receive views made once,
-        # not per call as the functional dispatch does (building the views costs more host time than the launch).
-        sim, num_sms = self.sim, variant.num_sms
+        # Simulated ranks run the path MoeAlltoAll runs (an engine's): its eager calls, bound once per rank, with
+        # receive views made once. Two bindings, as the dispatch and the combine get different SM budgets here.
+        sim, num_sms, timeout = self.sim, variant.num_sms, F._timeout(None)
         counts = torch.empty(sim.ep_size, dtype=torch.int32, device=device)
-        views = F.recv_views(sim.workspace, rank, sim.config, tokens, payloads,
-                             quant_format=dispatch_kw.get("quant_format"))
+        pulled = {None: COMBINE_PULL, "fp8_block": COMBINE_PULL}  # ranks sharing a GPU always pull
+
+        def bind(sms: int) -> EagerCalls:
+            return EagerCalls(sim.workspace, counts, rank, sim.config, self.num_experts, sms, False, pulled, False)
+
+        sends, sums = bind(num_sms or sim.dispatch_sms), bind(num_sms)
 
         def dispatch():
-            F.launch_dispatch(sim.workspace, rank, sim.config, ids_dev, payloads, tokens, self.num_experts,
-                              recv_counts=counts, num_sms=num_sms or sim.dispatch_sms, **dispatch_kw)
-            return list(views), counts
+            return sends.dispatch(ids_dev, payloads, tokens, timeout, **dispatch_kw), counts
 
         def combine():
-            F.combine(sim.workspace, rank, sim.config, counts, tokens, tokens, partials, num_sms=num_sms,
-                      **combine_kw)
+            sums.combine(partials, out, tokens, case.hidden, case.dtype, tokens, timeout,
+                         combine_kw.get("quant_format"))
 
         return RankSteps(dispatch, combine, sim.streams[rank])
 

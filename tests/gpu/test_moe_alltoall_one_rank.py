@@ -1,4 +1,5 @@
-"""MoeAlltoAll on one GPU as a group of one rank: the eager path (cached views) and the settings it reads when built."""
+"""MoeAlltoAll on one GPU as a group of one rank: the eager path (bound calls, cached views) and the settings it reads
+when built."""
 
 import pytest
 import torch
@@ -46,6 +47,43 @@ def test_eager_rounds_with_cached_views():
             assert torch.equal(recv_x[0, :tokens], x) and torch.equal(recv_ids[0, :tokens], ids)
             assert torch.equal(recv_w[0, :tokens], w)
             assert torch.equal(out, x * 2)  # one rank: each token's sum is its own partial
+        fa.check_error(a2a.workspace, 0)
+    finally:
+        a2a.destroy()
+
+
+def test_eager_views_follow_each_payload_shape():
+    """Eager receive views are cached under the C++'s id of the payloads' row shapes: rows of equal bytes but another
+    shape or dtype get views of their own, a repeated shape the same views, and more shapes than the id table holds
+    (64) start it over without a wrong view."""
+    a2a = _build()
+    gen = torch.Generator().manual_seed(torch.seed())
+    tokens, runtime_max = 5, 8
+    shapes = [((4,), torch.float32), ((2, 2), torch.float32), ((8,), torch.bfloat16), ((4,), torch.int32)]
+    shapes += [((k,), torch.uint8) for k in range(1, 71)]
+    try:
+        for _ in range(2):
+            for trailing, dtype in shapes:
+                ids = ref.random_topk_ids(tokens, TOP_K, EXPERTS, generator=gen).cuda()
+                extra = torch.randint(0, 100, (tokens, *trailing), generator=gen).to(dtype).cuda()
+                views = []
+                for _ in range(2):
+                    (recv_ids, recv_extra), counts = a2a.dispatch(ids, [ids, extra], runtime_max)
+                    views.append(recv_extra)
+                    partials = a2a.combine_input()
+                    partials.fill_(float("nan"))
+                    partials[0, :tokens] = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16).cuda()
+                    out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
+                    assert a2a.combine(out=out) is out
+                    torch.cuda.synchronize()
+                    assert recv_extra.shape == (1, runtime_max, *trailing) and recv_extra.dtype == dtype
+                    assert torch.equal(recv_extra[0, :tokens], extra) and torch.equal(recv_ids[0, :tokens], ids)
+                    assert torch.equal(out, partials[0, :tokens])
+                assert views[0] is views[1]  # the same shape again: the cached view
+        with pytest.raises(ValueError, match=r"out must be \[num_tokens=5, hidden=256\], got \(4, 256\)"):
+            a2a.dispatch(ids, [ids], runtime_max)
+            a2a.combine(out=torch.empty(4, HIDDEN, dtype=torch.bfloat16, device="cuda"))
+        a2a.combine()  # the refused combine left the dispatch pending
         fa.check_error(a2a.workspace, 0)
     finally:
         a2a.destroy()

@@ -1,0 +1,89 @@
+"""The eager path of :class:`flashinfer_a2a.MoeAlltoAll`: dispatch and combine with the arguments that stay fixed
+for one instance (workspace, counts tensor, rank, sizes, experts, SM budget) bound once in C++.
+
+An engine's decode loop calls dispatch and combine eagerly, and every argument that crosses into C++ costs host time
+(about half a microsecond a tensor). Bound, a call passes only what changes: the ids, the payloads or the output,
+and a few numbers. The C++ still checks every call before it launches; when it refuses one, the host checks of
+:mod:`flashinfer_a2a.functional` run to name the mistake in the caller's terms. Calls that torch.compile traces go
+through the registered ops (:mod:`flashinfer_a2a.ops`) instead.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from . import functional as F
+from .jit import get_a2a_module
+from .wire_formats import check_combine_format, wire_format
+
+_MAX_VIEW_SHAPES = 64  # distinct receive-view shapes kept (runtime_max may vary per step): past it, start over
+
+
+class EagerCalls:
+    """One MoeAlltoAll's eager launches on one workspace allocation (made again when the workspace moves).
+
+    Args:
+        combine_modes: the ``combine`` op's mode code for each combine ``quant_format`` (None, ``"fp8_block"``).
+        debug: check the ids on the host before a dispatch and the error record after each call (slow).
+    """
+
+    def __init__(self, workspace: torch.Tensor, recv_counts: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig,
+                 num_experts: int, num_sms: int, one_gpu_per_rank: bool, combine_modes: dict[Optional[str], int],
+                 debug: bool) -> None:
+        module = get_a2a_module()
+        self.workspace, self.config, self.ep_rank, self.num_experts = workspace, config, ep_rank, num_experts
+        self.device, self.combine_modes, self.debug = workspace.device, combine_modes, debug
+        self._dispatch = module.bind_dispatch(workspace, recv_counts, ep_rank, *config.sizes(), num_experts, num_sms)
+        self._combine = module.bind_combine(workspace, recv_counts, ep_rank, *config.sizes(), one_gpu_per_rank,
+                                            num_sms)
+        self._views: dict[tuple, list[torch.Tensor]] = {}
+
+    def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, timeout_s: float,
+                 quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
+                 swizzled_scales: bool = False, phase: int = 0) -> list[torch.Tensor]:
+        """Launches a dispatch (``phase`` 1: its send half) into the bound counts tensor; returns the receive views,
+        made once per call shape (the C++ names the payloads' row shapes by an id, so they are not read here)."""
+        code = 0 if quant_format is None else wire_format(quant_format, "quant_format").code
+        if global_scale is not None and not isinstance(global_scale, torch.Tensor):
+            global_scale = F._global_scale(global_scale, self.workspace)
+        if self.debug:  # the host checks first, as the functional call makes them
+            F.check_dispatch_call(topk_ids, payloads, runtime_max, quant_format)
+            F.debug_check_ids(topk_ids, self.num_experts)
+        try:
+            shape_id = self._dispatch(topk_ids, payloads, runtime_max, timeout_s, code, global_scale,
+                                      swizzled_scales, phase)
+        except (TypeError, ValueError) as exc:  # refused before any launch
+            F.check_dispatch_call(topk_ids, payloads, runtime_max, quant_format)  # a clearer message, if it has one
+            raise type(exc)(str(exc)) from None
+        if self.debug:
+            F._debug_check(self.workspace, self.ep_rank, True)
+        key = (shape_id, runtime_max, quant_format, swizzled_scales)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= _MAX_VIEW_SHAPES:
+                self._views.clear()
+            views = self._views[key] = F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads,
+                                                    quant_format=quant_format, swizzled_scales=swizzled_scales)
+        return list(views)
+
+    def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], num_tokens: int, hidden: int,
+                dtype: torch.dtype, runtime_max: int, timeout_s: float,
+                quant_format: Optional[str] = None) -> torch.Tensor:
+        """Launches the whole combine of the dispatch that wrote the bound counts tensor; returns ``out`` (made when
+        None)."""
+        if partials is None and out is None:
+            out = torch.empty(num_tokens, hidden, dtype=dtype, device=self.device)
+        else:
+            out = F.combine_output(self.workspace, num_tokens, partials, out, hidden, dtype)
+        if quant_format is not None:
+            check_combine_format(quant_format, "combine quant_format")
+        mode = self.combine_modes[quant_format]
+        try:
+            self._combine(partials, out, runtime_max, timeout_s, 0 if quant_format is None else 1, mode, 0)
+        except (TypeError, ValueError) as exc:  # refused before any launch
+            raise type(exc)(str(exc)) from None
+        if self.debug:
+            F._debug_check(self.workspace, self.ep_rank, True)
+        return out
