@@ -39,6 +39,7 @@ class EagerCalls:
         self._combine = module.bind_combine(workspace, recv_counts, ep_rank, *config.sizes(), one_gpu_per_rank,
                                             num_sms)
         self._views: dict[tuple, list[torch.Tensor]] = {}
+        self._inputs: dict[tuple, torch.Tensor] = {}
 
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, timeout_s: float,
                  quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
@@ -67,6 +68,17 @@ class EagerCalls:
             views = self._views[key] = F.recv_views(self.workspace, self.ep_rank, self.config, runtime_max, payloads,
                                                     quant_format=quant_format, swizzled_scales=swizzled_scales)
         return list(views)
+
+    def combine_input(self, runtime_max: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+        """The zero-copy combine input (:func:`flashinfer_a2a.functional.combine_input`), made once per shape."""
+        key = (runtime_max, hidden, dtype)
+        view = self._inputs.get(key)
+        if view is None:
+            if len(self._inputs) >= _MAX_VIEW_SHAPES:
+                self._inputs.clear()
+            view = self._inputs[key] = F.combine_input(self.workspace, self.ep_rank, self.config, runtime_max,
+                                                       hidden, dtype)
+        return view
 
     def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], num_tokens: int, hidden: int,
                 dtype: torch.dtype, runtime_max: int, timeout_s: float,

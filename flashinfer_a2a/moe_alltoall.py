@@ -236,7 +236,9 @@ class MoeAlltoAll(SplitPhaseMixin):
             return self._nccl.combine_input(*self._combine_row(hidden, dtype))
         _, runtime_max, _ = self._require_pending("combine_input")
         hidden, dtype = self._combine_row(hidden, dtype)
-        return F.combine_input(self.workspace, self.ep_rank, self.config, runtime_max, hidden, dtype)
+        if torch.compiler.is_compiling():
+            return F.combine_input(self.workspace, self.ep_rank, self.config, runtime_max, hidden, dtype)
+        return self._eager().combine_input(runtime_max, hidden, dtype)  # eager calls get the same view each time
 
     def combine_mode(self, quant_format: Optional[str] = None) -> str:
         """``"push"`` or ``"pull"``: how :meth:`combine` with this ``quant_format`` moves the partials. Pushed

@@ -1,11 +1,12 @@
 """Host time of eager calls, layer by layer, on one GPU: a one-rank MoeAlltoAll (DeepSeek-V3 rows, int32 ids and fp32
-weights), median over 3000 calls after 200 untimed pairs.
+weights), median over 3000 calls after 200 untimed steps.
 
     taskset -c 3 python docs/measurements/eager_host_time.py     # one GPU; pinning steadies the numbers
 
-Prints, at 1 and 128 tokens: MoeAlltoAll.dispatch and .combine per call and a back-to-back eager pair, then the
-layers under dispatch (flashinfer_a2a.eager_calls, the bound tvm-ffi call), and, for scale, the functional call, the
-tvm-ffi call with every argument, a trivial tvm-ffi call and a trivial torch op (docs/benchmarks.md).
+Prints, at 1 and 128 tokens: MoeAlltoAll.dispatch, .combine_input and .combine per call and a back-to-back eager
+step of the three, then the layers under dispatch (flashinfer_a2a.eager_calls, the bound tvm-ffi call), and, for
+scale, the functional call, the tvm-ffi call with every argument, a trivial tvm-ffi call and a trivial torch op
+(docs/benchmarks.md).
 """
 
 import statistics
@@ -45,27 +46,30 @@ def main() -> None:
         ids = random_topk_ids(tokens, TOP_K, EXPERTS).cuda()
         payloads = [torch.randn(tokens, HIDDEN, device="cuda").to(torch.bfloat16), ids,
                     torch.rand(tokens, TOP_K, device="cuda")]
-        host = {"dispatch": [], "combine": []}
+        host = {"dispatch": [], "combine_input": [], "combine": []}
 
-        def pair():
-            start = time.perf_counter_ns()
+        def pair():  # as an engine's zero-copy step makes the calls (the experts would write the combine input)
+            stamps = [time.perf_counter_ns()]
             a2a.dispatch(ids, payloads)
-            middle = time.perf_counter_ns()
+            stamps.append(time.perf_counter_ns())
+            a2a.combine_input()
+            stamps.append(time.perf_counter_ns())
             a2a.combine()
-            host["dispatch"].append(middle - start)
-            host["combine"].append(time.perf_counter_ns() - middle)
+            stamps.append(time.perf_counter_ns())
+            for name, begin, end in zip(host, stamps, stamps[1:]):
+                host[name].append(end - begin)
 
         for _ in range(200):
             pair()
         torch.cuda.synchronize()
-        host = {"dispatch": [], "combine": []}
+        host = {name: [] for name in host}
         start = time.perf_counter()
         for _ in range(CALLS):
             pair()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) / CALLS * 1e6
-        print(f"{tokens} tokens: MoeAlltoAll.dispatch {statistics.median(host['dispatch']) / 1e3:.2f} us, "
-              f"combine {statistics.median(host['combine']) / 1e3:.2f} us, eager pair back to back {wall:.2f} us")
+        per_call = ", ".join(f"{name} {statistics.median(times) / 1e3:.2f} us" for name, times in host.items())
+        print(f"{tokens} tokens: MoeAlltoAll {per_call}; eager step back to back {wall:.2f} us")
         # The layers under dispatch, each call a dispatch of its own (as MoeAlltoAll makes it), and for scale the
         # functional call and the tvm-ffi call with every argument, which an eager MoeAlltoAll no longer makes.
         calls = a2a._eager()

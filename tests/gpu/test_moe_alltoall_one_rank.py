@@ -54,8 +54,8 @@ def test_eager_rounds_with_cached_views():
 
 def test_eager_views_follow_each_payload_shape():
     """Eager receive views are cached under the C++'s id of the payloads' row shapes: rows of equal bytes but another
-    shape or dtype get views of their own, a repeated shape the same views, and more shapes than the id table holds
-    (64) start it over without a wrong view."""
+    shape or dtype get views of their own, a repeated shape the same views (and the same combine input), and more
+    shapes than the id table holds (64) start it over without a wrong view."""
     a2a = _build()
     gen = torch.Generator().manual_seed(torch.seed())
     tokens, runtime_max = 5, 8
@@ -66,11 +66,12 @@ def test_eager_views_follow_each_payload_shape():
             for trailing, dtype in shapes:
                 ids = ref.random_topk_ids(tokens, TOP_K, EXPERTS, generator=gen).cuda()
                 extra = torch.randint(0, 100, (tokens, *trailing), generator=gen).to(dtype).cuda()
-                views = []
+                views, inputs = [], []
                 for _ in range(2):
                     (recv_ids, recv_extra), counts = a2a.dispatch(ids, [ids, extra], runtime_max)
                     views.append(recv_extra)
                     partials = a2a.combine_input()
+                    inputs.append(partials)
                     partials.fill_(float("nan"))
                     partials[0, :tokens] = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16).cuda()
                     out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -79,7 +80,7 @@ def test_eager_views_follow_each_payload_shape():
                     assert recv_extra.shape == (1, runtime_max, *trailing) and recv_extra.dtype == dtype
                     assert torch.equal(recv_extra[0, :tokens], extra) and torch.equal(recv_ids[0, :tokens], ids)
                     assert torch.equal(out, partials[0, :tokens])
-                assert views[0] is views[1]  # the same shape again: the cached view
+                assert views[0] is views[1] and inputs[0] is inputs[1]  # the same shape again: the cached views
         with pytest.raises(ValueError, match=r"out must be \[num_tokens=5, hidden=256\], got \(4, 256\)"):
             a2a.dispatch(ids, [ids], runtime_max)
             a2a.combine(out=torch.empty(4, HIDDEN, dtype=torch.bfloat16, device="cuda"))
