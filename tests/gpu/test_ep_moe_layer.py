@@ -131,9 +131,10 @@ def test_compiled_layer_equals_the_dense_layer(dynamic, monkeypatch):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
-    # One thread compiles every rank's call in turn while the ranks launched before it wait for it on the device:
-    # the wait must outlast a few compilations on a slow host (ten seconds did not, once).
-    monkeypatch.setenv("FLASHINFER_A2A_TIMEOUT_S", "300")
+    # One thread traces every rank's call in turn while the ranks launched before it wait for it on the device (the
+    # "eager" backend loads no kernel, so nothing synchronizes the device meanwhile): the wait must outlast a few
+    # traces on a slow host, which ten seconds did not once.
+    monkeypatch.setenv("FLASHINFER_A2A_TIMEOUT_S", "120")
     torch._dynamo.reset()
     rig = Rig()
     counter = CompileCounterWithBackend("eager")

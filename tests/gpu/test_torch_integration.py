@@ -49,8 +49,13 @@ def _moe_layer(workspace, rank, config, ids, hidden, runtime_max):
 
 
 def test_compile_fullgraph_matches_eager(monkeypatch):
-    # Rank 1's first call compiles while rank 0's kernels wait for it: the wait must outlast that on a slow host.
-    monkeypatch.setenv("FLASHINFER_A2A_TIMEOUT_S", "300")
+    """Each rank's compiled call equals its eager call, bit for bit, with nothing recorded in the error record.
+
+    One thread drives both ranks, and building a rank's compiled variant can synchronize the device (inductor loads
+    its Triton kernels) while the other rank's kernels wait for it: a first round builds every variant, with a short
+    timeout that such a stall may hit, and the workspace is initialized again after it. The timed rounds then poison
+    each rank's receive region between the eager and the compiled call, so no row can come from the eager one."""
+    monkeypatch.setenv("FLASHINFER_A2A_TIMEOUT_S", "2")  # read while tracing: the compiled calls keep it
     gen = torch.Generator().manual_seed(torch.seed())
     ep_size, tokens = 2, 48
     config = fa.WorkspaceConfig(ep_size=ep_size, max_num_tokens=tokens,
@@ -58,12 +63,22 @@ def test_compile_fullgraph_matches_eager(monkeypatch):
                                 top_k=TOP_K)
     sim = SimulatedRanks(config)
     compiled = torch.compile(_moe_layer, fullgraph=True)
+    ids, hidden = _inputs(ep_size, tokens, gen)
+    sim.run(lambda r: compiled(sim.workspace, r, config, ids[r], hidden[r], tokens))  # builds; may time out
+    torch.cuda.synchronize()
+    sim.initialize()
     for _ in range(3):
         ids, hidden = _inputs(ep_size, tokens, gen)
         eager = sim.run(lambda r: _moe_layer(sim.workspace, r, config, ids[r], hidden[r], tokens).clone())
+        torch.cuda.synchronize()
+        for r in range(ep_size):
+            fa.check_error(sim.workspace, r)
+            for view in fa.functional.recv_views(sim.workspace, r, config, tokens, [hidden[r], ids[r]]):
+                view.fill_(-1)  # bf16 -1.0 rows and expert -1: neither is what the compiled dispatch receives
         got = sim.run(lambda r: compiled(sim.workspace, r, config, ids[r], hidden[r], tokens).clone())
         torch.cuda.synchronize()
         for r in range(ep_size):
+            fa.check_error(sim.workspace, r)
             assert ref.bitwise_equal(got[r].cpu(), eager[r].cpu())
 
 
