@@ -51,10 +51,11 @@ def _moe_layer(workspace, rank, config, ids, hidden, runtime_max):
 def test_compile_fullgraph_matches_eager(monkeypatch):
     """Each rank's compiled call equals its eager call, bit for bit, with nothing recorded in the error record.
 
-    One thread drives both ranks, and building a rank's compiled variant can synchronize the device (inductor loads
-    its Triton kernels) while the other rank's kernels wait for it: a first round builds every variant, with a short
-    timeout that such a stall may hit, and the workspace is initialized again after it. The timed rounds then poison
-    each rank's receive region between the eager and the compiled call, so no row can come from the eager one."""
+    One thread drives both ranks, and loading a kernel for the first time can synchronize the device (inductor's
+    Triton kernels, the eager experts' torch kernels) while the other rank's kernels wait for it: a first round
+    loads and builds everything, eager and compiled, with a short timeout that such a stall may hit, and the
+    workspace is initialized again after it. The checked rounds then poison each rank's receive region between the
+    eager and the compiled call, so no row can come from the eager one."""
     monkeypatch.setenv("FLASHINFER_A2A_TIMEOUT_S", "2")  # read while tracing: the compiled calls keep it
     gen = torch.Generator().manual_seed(torch.seed())
     ep_size, tokens = 2, 48
@@ -64,8 +65,9 @@ def test_compile_fullgraph_matches_eager(monkeypatch):
     sim = SimulatedRanks(config)
     compiled = torch.compile(_moe_layer, fullgraph=True)
     ids, hidden = _inputs(ep_size, tokens, gen)
-    sim.run(lambda r: compiled(sim.workspace, r, config, ids[r], hidden[r], tokens))  # builds; may time out
-    torch.cuda.synchronize()
+    for layer in (_moe_layer, compiled):  # loads and builds every kernel; may time out (see above)
+        sim.run(lambda r: layer(sim.workspace, r, config, ids[r], hidden[r], tokens).clone())
+        torch.cuda.synchronize()
     sim.initialize()
     for _ in range(3):
         ids, hidden = _inputs(ep_size, tokens, gen)
