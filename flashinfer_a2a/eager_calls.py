@@ -4,8 +4,9 @@ for one instance (workspace, counts tensor, rank, sizes, experts, SM budget) bou
 An engine's decode loop calls dispatch and combine eagerly, and every argument that crosses into C++ costs host time
 (about half a microsecond a tensor). Bound, a call passes only what changes: the ids, the payloads or the output,
 and a few numbers. The C++ still checks every call before it launches; when it refuses one, the host checks of
-:mod:`flashinfer_a2a.functional` run to name the mistake in the caller's terms. Calls that torch.compile traces go
-through the registered ops (:mod:`flashinfer_a2a.ops`) instead.
+:mod:`flashinfer_a2a.functional` run to name the mistake in the caller's terms. The receive views and the zero-copy
+combine input are made once per shape. Calls that torch.compile traces go through the registered ops
+(:mod:`flashinfer_a2a.ops`) instead.
 """
 
 from __future__ import annotations
