@@ -38,6 +38,9 @@ tvm::ffi::Function BindDispatch(Tensor workspace, Tensor recv_counts, int64_t ep
 void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank, int64_t ep_size,
                   int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
                   int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank, double timeout_s);
+tvm::ffi::Function BindDispatchRecv(Tensor workspace, Tensor recv_counts, int64_t ep_rank, int64_t ep_size,
+                                    int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                                    int64_t combine_bytes_per_token);
 // combine.cu
 void Combine(TensorView workspace, Optional<Tensor> partials, TensorView recv_counts, TensorView out,
              int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
@@ -59,6 +62,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(initialize, flashinfer_a2a::Initialize);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch, flashinfer_a2a::Dispatch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch_recv, flashinfer_a2a::DispatchRecv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(bind_dispatch, flashinfer_a2a::BindDispatch);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(bind_dispatch_recv, flashinfer_a2a::BindDispatchRecv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(combine, flashinfer_a2a::Combine);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(bind_combine, flashinfer_a2a::BindCombine);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sanitize_expert_ids, flashinfer_a2a::SanitizeExpertIds);

@@ -265,4 +265,14 @@ tvm::ffi::Function BindDispatch(tvm::ffi::Tensor workspace, tvm::ffi::Tensor rec
       });
 }
 
+// DispatchRecv with the same arguments bound (the receive half of a split dispatch sent through BindDispatch).
+tvm::ffi::Function BindDispatchRecv(tvm::ffi::Tensor workspace, tvm::ffi::Tensor recv_counts, int64_t ep_rank,
+                                    int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
+                                    int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token) {
+  return tvm::ffi::Function::FromTyped([=](int64_t runtime_max_tokens_per_rank, double timeout_s) {
+    DispatchRecv(workspace, recv_counts, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
+                 combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s);
+  });
+}
+
 }  // namespace flashinfer_a2a

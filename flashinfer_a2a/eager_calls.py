@@ -16,7 +16,9 @@ from typing import Optional, Sequence
 import torch
 
 from . import functional as F
+from .constants import COMBINE_PULL
 from .jit import get_a2a_module
+from .split_phase import SEND
 from .wire_formats import check_combine_format, wire_format
 
 _MAX_VIEW_SHAPES = 64  # distinct receive-view shapes kept (runtime_max may vary per step): past it, start over
@@ -37,10 +39,12 @@ class EagerCalls:
         self.workspace, self.config, self.ep_rank, self.num_experts = workspace, config, ep_rank, num_experts
         self.device, self.combine_modes, self.debug = workspace.device, combine_modes, debug
         self._dispatch = module.bind_dispatch(workspace, recv_counts, ep_rank, *config.sizes(), num_experts, num_sms)
+        self._dispatch_recv = module.bind_dispatch_recv(workspace, recv_counts, ep_rank, *config.sizes())
         self._combine = module.bind_combine(workspace, recv_counts, ep_rank, *config.sizes(), one_gpu_per_rank,
                                             num_sms)
         self._views: dict[tuple, list[torch.Tensor]] = {}
         self._inputs: dict[tuple, torch.Tensor] = {}
+        self._rowless: dict[tuple, torch.Tensor] = {}  # a combine send's out: its row shape only
 
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, timeout_s: float,
                  quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
@@ -70,6 +74,15 @@ class EagerCalls:
                                                     quant_format=quant_format, swizzled_scales=swizzled_scales)
         return list(views)
 
+    def dispatch_recv(self, runtime_max: int, timeout_s: float) -> None:
+        """The receive half of a dispatch sent with ``phase`` 1: waits for the peers and writes the bound counts."""
+        try:
+            self._dispatch_recv(runtime_max, timeout_s)
+        except (TypeError, ValueError) as exc:  # refused before any launch
+            raise type(exc)(str(exc)) from None
+        if self.debug:
+            F._debug_check(self.workspace, self.ep_rank, True)
+
     def combine_input(self, runtime_max: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
         """The zero-copy combine input (:func:`flashinfer_a2a.functional.combine_input`), made once per shape."""
         key = (runtime_max, hidden, dtype)
@@ -82,19 +95,26 @@ class EagerCalls:
         return view
 
     def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], num_tokens: int, hidden: int,
-                dtype: torch.dtype, runtime_max: int, timeout_s: float,
-                quant_format: Optional[str] = None) -> torch.Tensor:
-        """Launches the whole combine of the dispatch that wrote the bound counts tensor; returns ``out`` (made when
-        None)."""
-        if partials is None and out is None:
+                dtype: torch.dtype, runtime_max: int, timeout_s: float, quant_format: Optional[str] = None,
+                phase: int = 0) -> torch.Tensor:
+        """Launches the combine of the dispatch that wrote the bound counts tensor (``phase`` 0), its send half (1,
+        ``out`` and ``num_tokens`` unused) or its receive half (2); returns ``out`` (made when None). A split combine
+        is pulled."""
+        if phase == SEND:  # writes no output: a row-less out carries the row shape and dtype
+            if partials is not None:
+                hidden, dtype = partials.shape[-1], partials.dtype
+            out = self._rowless.get((hidden, dtype))
+            if out is None:
+                out = self._rowless[(hidden, dtype)] = torch.empty(0, hidden, dtype=dtype, device=self.device)
+        elif partials is None and out is None:
             out = torch.empty(num_tokens, hidden, dtype=dtype, device=self.device)
         else:
             out = F.combine_output(self.workspace, num_tokens, partials, out, hidden, dtype)
         if quant_format is not None:
             check_combine_format(quant_format, "combine quant_format")
-        mode = self.combine_modes[quant_format]
+        mode = COMBINE_PULL if phase else self.combine_modes[quant_format]
         try:
-            self._combine(partials, out, runtime_max, timeout_s, 0 if quant_format is None else 1, mode, 0)
+            self._combine(partials, out, runtime_max, timeout_s, 0 if quant_format is None else 1, mode, phase)
         except (TypeError, ValueError) as exc:  # refused before any launch
             raise type(exc)(str(exc)) from None
         if self.debug:

@@ -229,6 +229,11 @@ class MoeAlltoAll(SplitPhaseMixin):
                 shared.one_gpu_per_rank, modes, self._debug)
         return calls
 
+    def _eager_step(self, counts: torch.Tensor) -> bool:
+        """Whether a step after the dispatch that wrote ``counts`` runs eagerly: that dispatch was eager (it wrote
+        this instance's counts tensor) and nothing is being traced."""
+        return counts is self._recv_counts and not torch.compiler.is_compiling()
+
     def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The zero-copy combine input ``[ep_size, runtime_max, hidden]`` of the pending dispatch: write the expert
         outputs here and call :meth:`combine` with no partials."""
@@ -259,7 +264,7 @@ class MoeAlltoAll(SplitPhaseMixin):
         given = partials if partials is not None else out  # a row shape given wins over the constructor's
         hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
-        if counts is self._recv_counts and not torch.compiler.is_compiling():  # an eager dispatch's combine
+        if self._eager_step(counts):
             result = self._eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
                                            quant_format)
         else:

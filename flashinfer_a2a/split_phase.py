@@ -172,7 +172,8 @@ class CallOrder:
 
 class SplitPhaseMixin:
     """:class:`~flashinfer_a2a.MoeAlltoAll`'s split-phase calls (see this module's docstring); the class supplies
-    the workspace, its settings, its :class:`CallOrder` (``_order``) and ``_begin(call)``, the checks before a step."""
+    the workspace, its settings, its :class:`CallOrder` (``_order``), ``_begin(call)``, the checks before a step,
+    and its eager calls (``_eager()``, used where ``_eager_step(counts)``)."""
 
     def dispatch_send(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor],
                       runtime_max_tokens_per_rank: Optional[int] = None, *, timeout_s: Optional[float] = None,
@@ -204,8 +205,11 @@ class SplitPhaseMixin:
         self._begin("dispatch_recv")
         _, runtime_max, counts = self._pending
         views, timeout_s = self._sent
-        dispatch_recv(self.workspace, self.ep_rank, self.config, counts, runtime_max, timeout_s=timeout_s,
-                      debug=self._debug)
+        if self._eager_step(counts):
+            self._eager().dispatch_recv(runtime_max, timeout_s)
+        else:
+            dispatch_recv(self.workspace, self.ep_rank, self.config, counts, runtime_max, timeout_s=timeout_s,
+                          debug=self._debug)
         self._sent = None
         self._order.advance("dispatch_recv")
         return views, counts
@@ -218,9 +222,12 @@ class SplitPhaseMixin:
         _, runtime_max, counts = self._pending
         hidden, dtype = self._combine_row(None, None)
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
-        combine_send(self.workspace, self.ep_rank, self.config, counts, runtime_max, partials, hidden=hidden,
-                     dtype=dtype, timeout_s=timeout_s, quant_format=quant_format, debug=self._debug,
-                     num_sms=self.num_sms)
+        if self._eager_step(counts):
+            self._eager().combine(partials, None, 0, hidden, dtype, runtime_max, timeout_s, quant_format, SEND)
+        else:
+            combine_send(self.workspace, self.ep_rank, self.config, counts, runtime_max, partials, hidden=hidden,
+                         dtype=dtype, timeout_s=timeout_s, quant_format=quant_format, debug=self._debug,
+                         num_sms=self.num_sms)
         self._sent = (partials, timeout_s, quant_format)
         self._order.advance("combine_send")
 
@@ -231,9 +238,13 @@ class SplitPhaseMixin:
         num_tokens, runtime_max, counts = self._pending
         partials, timeout_s, quant_format = self._sent
         hidden, dtype = self._combine_row(None, None)
-        result = combine_recv(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
-                              out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s, quant_format=quant_format,
-                              debug=self._debug, num_sms=self.num_sms)
+        if self._eager_step(counts):
+            result = self._eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
+                                           quant_format, RECV)
+        else:
+            result = combine_recv(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max,
+                                  partials, out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s,
+                                  quant_format=quant_format, debug=self._debug, num_sms=self.num_sms)
         self._pending = self._sent = None
         self._order.advance("combine_recv")
         return result

@@ -47,9 +47,13 @@ def test_eager_calls_reach_the_bound_entry_points(moe):
     assert moe._eager() is calls  # made once per workspace
     with pytest.raises(ValueError, match="^workspace must be a CUDA tensor$"):
         moe.dispatch_send(ids, [x])
-    # The combine's bound entry, called as MoeAlltoAll.combine calls it after an eager dispatch.
+    # The other bound entries, called as MoeAlltoAll's steps call them after an eager dispatch: the receive half of
+    # a split dispatch, a whole combine and both halves of a split one.
     with pytest.raises(ValueError, match="^workspace must be a CUDA tensor$"):
-        calls.combine(None, None, 3, HIDDEN, torch.bfloat16, 16, 10.0)
+        calls.dispatch_recv(16, 10.0)
+    for phase in (0, 1, 2):
+        with pytest.raises(ValueError, match="^workspace must be a CUDA tensor$"):
+            calls.combine(None, None, 3, HIDDEN, torch.bfloat16, 16, 10.0, phase=phase)
     with pytest.raises(ValueError, match="combine quant_format must be None or 'fp8_block', got 'fp4'"):
         calls.combine(None, None, 3, HIDDEN, torch.bfloat16, 16, 10.0, quant_format="fp4")
     with pytest.raises(ValueError, match=r"out must be \[num_tokens=3, hidden=64\], got \(2, 64\)"):

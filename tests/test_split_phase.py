@@ -151,14 +151,13 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
             num_sms = args[-1]
             return lambda *call: launched.append(("dispatch", call[-1], num_sms)) or 0
 
-        def bind_combine(self, *args):
-            return lambda *call: launched.append(("combine", call[-1], args[-1]))
+        def bind_dispatch_recv(self, *args):
+            return lambda *call: launched.append(("dispatch_recv",))
+
+        def bind_combine(self, *args):  # records (phase, combine mode, SM budget)
+            return lambda *call: launched.append(("combine", call[-1], call[-2], args[-1]))
 
     monkeypatch.setattr(eager_calls, "get_a2a_module", Bound)
-    monkeypatch.setattr(sp, "dispatch_recv", lambda *args, **kwargs: launched.append(("dispatch_recv",)))
-    monkeypatch.setattr(sp, "combine_send", lambda *args, num_sms=0, **kwargs: launched.append(("combine", 1, num_sms)))
-    monkeypatch.setattr(sp, "combine_recv", lambda *args, out=None, num_sms=0, **kwargs:
-                        launched.append(("combine", 2, num_sms)) or out)
     ids = torch.zeros(5, 2, dtype=torch.int32)
     x = torch.zeros(5, 64, dtype=torch.bfloat16)
     for call, message in ((a2a.dispatch_recv, "dispatch_recv called without a pending dispatch"),
@@ -183,7 +182,8 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
         a2a.dispatch_send(ids, [x], 8)
     out = torch.empty(5, 64, dtype=torch.bfloat16)
     assert a2a.combine_recv(out=out) is out
-    assert launched == [("dispatch", 1, 3), ("dispatch_recv",), ("combine", 1, 3), ("combine", 2, 3)]
+    # The halves of a split combine are pulled (mode 0) and keep the object's SM budget.
+    assert launched == [("dispatch", 1, 3), ("dispatch_recv",), ("combine", 1, 0, 3), ("combine", 2, 0, 3)]
     with pytest.raises(RuntimeError, match="combine_recv called without a pending dispatch"):
         a2a.combine_recv()
     a2a.destroy()
