@@ -185,11 +185,11 @@ class SplitPhaseMixin:
         if self._debug and F.debug_checks_due(True):
             self._check_same_call(runtime_max)
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
-        kwargs = dict(timeout_s=timeout_s, quant_format=quant_format, global_scale=global_scale,
-                      swizzled_scales=swizzled_scales, debug=self._debug, num_sms=self.num_sms)
         if torch.compiler.is_compiling():  # fresh tensors, as in dispatch
             views, counts = dispatch_send(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                          self.num_experts, **kwargs)
+                                          self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
+                                          global_scale=global_scale, swizzled_scales=swizzled_scales,
+                                          debug=self._debug, num_sms=self.num_sms)
         else:
             views = self._eager().dispatch(topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
                                            swizzled_scales, phase=SEND)

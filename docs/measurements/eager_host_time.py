@@ -4,7 +4,8 @@ weights), median over 3000 calls after 200 untimed steps.
     taskset -c 3 python docs/measurements/eager_host_time.py     # one GPU; pinning steadies the numbers
 
 Prints, at 1 and 128 tokens: MoeAlltoAll.dispatch, .combine_input and .combine per call and a back-to-back eager
-step of the three, then the layers under dispatch (flashinfer_a2a.eager_calls, the bound tvm-ffi call), and, for
+step of the three; the same for a step of split halves (dispatch_send, dispatch_recv, combine_input, combine_send,
+combine_recv); then the layers under dispatch (flashinfer_a2a.eager_calls, the bound tvm-ffi call), and, for
 scale, the functional call, the tvm-ffi call with every argument, a trivial tvm-ffi call and a trivial torch op
 (docs/benchmarks.md).
 """
@@ -37,6 +38,29 @@ def per_call_us(fn, calls: int = CALLS) -> float:
     return statistics.median(times[calls // 5 :]) / 1e3
 
 
+def step_us(calls: dict) -> tuple[str, float]:
+    """Median host time of each call of an eager step (the experts would write the combine input between them),
+    and the wall time of a step back to back."""
+    host = {name: [] for name in calls}
+
+    def step():
+        for name, call in calls.items():
+            start = time.perf_counter_ns()
+            call()
+            host[name].append(time.perf_counter_ns() - start)
+
+    for _ in range(200):
+        step()
+    torch.cuda.synchronize()
+    host = {name: [] for name in calls}
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / CALLS * 1e6
+    return ", ".join(f"{name} {statistics.median(times) / 1e3:.2f} us" for name, times in host.items()), wall
+
+
 def main() -> None:
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29531", rank=0, world_size=1)
     a2a = MoeAlltoAll(max_num_tokens=MAX_TOKENS, top_k=TOP_K, num_experts=EXPERTS, hidden_size=HIDDEN)
@@ -46,30 +70,14 @@ def main() -> None:
         ids = random_topk_ids(tokens, TOP_K, EXPERTS).cuda()
         payloads = [torch.randn(tokens, HIDDEN, device="cuda").to(torch.bfloat16), ids,
                     torch.rand(tokens, TOP_K, device="cuda")]
-        host = {"dispatch": [], "combine_input": [], "combine": []}
-
-        def pair():  # as an engine's zero-copy step makes the calls (the experts would write the combine input)
-            stamps = [time.perf_counter_ns()]
-            a2a.dispatch(ids, payloads)
-            stamps.append(time.perf_counter_ns())
-            a2a.combine_input()
-            stamps.append(time.perf_counter_ns())
-            a2a.combine()
-            stamps.append(time.perf_counter_ns())
-            for name, begin, end in zip(host, stamps, stamps[1:]):
-                host[name].append(end - begin)
-
-        for _ in range(200):
-            pair()
-        torch.cuda.synchronize()
-        host = {name: [] for name in host}
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            pair()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) / CALLS * 1e6
-        per_call = ", ".join(f"{name} {statistics.median(times) / 1e3:.2f} us" for name, times in host.items())
-        print(f"{tokens} tokens: MoeAlltoAll {per_call}; eager step back to back {wall:.2f} us")
+        whole = {"dispatch": lambda: a2a.dispatch(ids, payloads), "combine_input": a2a.combine_input,
+                 "combine": a2a.combine}  # as an engine's zero-copy step makes the calls
+        split = {"dispatch_send": lambda: a2a.dispatch_send(ids, payloads), "dispatch_recv": a2a.dispatch_recv,
+                 "combine_input": a2a.combine_input, "combine_send": a2a.combine_send,
+                 "combine_recv": a2a.combine_recv}
+        for label, calls in (("MoeAlltoAll", whole), ("MoeAlltoAll split halves", split)):
+            per_call, wall = step_us(calls)
+            print(f"{tokens} tokens: {label} {per_call}; eager step back to back {wall:.2f} us")
         # The layers under dispatch, each call a dispatch of its own (as MoeAlltoAll makes it), and for scale the
         # functional call and the tvm-ffi call with every argument, which an eager MoeAlltoAll no longer makes.
         calls = a2a._eager()
