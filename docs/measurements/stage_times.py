@@ -12,7 +12,7 @@ not stamped. The stamps cost a few instructions each; the package itself is left
 2 ranks, 1 token (us): period 9.15; dispatch: table+epoch 0.61, ids 1.41-1.44, route 0.51, copy 1.06-1.09,
 publish 0.70, peers 0.48-0.70; to combine 0.74-0.77; combine: epoch 0.42, publish 0.67, peers 0.35-0.61, pull
 0.96-1.06. Periods at 1 / 16 / 64 / 128 tokens: 1 rank 8.06 / 10.08 / 11.68 / 13.38, 2 ranks 9.15 / 11.01 / 12.51 /
-15.04, 4 ranks 10.40 / 12.42 / 18.53 / 30.88 (docs/benchmarks.md).
+14.05, 4 ranks 10.56 / 12.45 / 17.66 / 30.21 (docs/benchmarks.md).
 """
 
 import argparse
@@ -53,13 +53,13 @@ EDITS = [
      "  __syncthreads();\n", "", "  STAMP(6);\n  FlushStamps(p.ranks, epoch, 0, 7);\n"),
     ("combine.cuh", "CombineFusedKernel(const __grid_constant__ CombineParams p) {\n", "", "  STAMP(16);\n"),
     ("combine.cuh",
-     "  const int32_t first_entry = PrefetchRoute<kVec>(p, first_item, threadIdx.x % 32);  // this rank's own record\n",
+     "  const int32_t first_entry = PrefetchRoute<kVec, kVecs>(p, first_item, threadIdx.x % 32);  // own record\n",
      "", "  if (threadIdx.x == 0 && epoch == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the epoch\n"
      "  STAMP(17);\n"),
     ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch);\n", "", "  STAMP(18);\n"),
     ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;\n", "",
      "  STAMP(19);\n"),
-    ("combine.cuh", "  PullItems<T, kVec>(p, failed, first_item, item_stride, &first_entry);\n", "",
+    ("combine.cuh", "  PullItems<T, kVec, kVecs>(p, failed, first_item, item_stride, &first_entry);\n", "",
      "  __syncthreads();\n  STAMP(20);\n  if (blockIdx.x == 0) FlushStamps(p.ranks, epoch, 16, 5);\n"),
 ]
 DISPATCH = ["start", "table+epoch", "ids", "route", "copy", "publish", "peers"]

@@ -6,7 +6,8 @@
 //  1. CombinePublishKernel: copies the caller's partials into this rank's combine region (skipped when the expert
 //     side wrote them there: zero copy); the last block to finish releases this rank's epoch to every peer, then
 //     waits (bounded) until every peer has published — after which no peer still reads this epoch's dispatch data.
-//  2. CombinePullKernel: one warp per (token, 32-vector piece of hidden); loads every source first, then adds.
+//  2. CombinePullKernel: one warp per (token, piece of hidden: 32 vectors, or 64 of 16 bytes where that spares
+//     warps a second piece, PullVecsFor); loads every source first, then adds.
 // Over the FP8 wire (bf16|fp16; combine_fp8.cuh), the publish kernel quantizes the rows for other ranks into FP8
 // values and fp32 block scales over the front of their rows, and CombinePullFp8Kernel dequantizes them while
 // summing. When every rank has a GPU of its own and the combine region has room for landing rows after the
@@ -77,16 +78,16 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
   if (waits) WaitCombinePeers(p, meta, epoch);
 }
 
-template <typename T, int kVec>
+template <typename T, int kVec, int kVecs>
 __global__ void __launch_bounds__(kCombineThreads) CombinePullKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
-  PullItems<T, kVec>(p, HasFatalError(p.ranks.MyMeta()), blockIdx.x * kCombineWarps + threadIdx.x / 32,
-                     static_cast<int64_t>(gridDim.x) * kCombineWarps);
+  PullItems<T, kVec, kVecs>(p, HasFatalError(p.ranks.MyMeta()), blockIdx.x * kCombineWarps + threadIdx.x / 32,
+                            static_cast<int64_t>(gridDim.x) * kCombineWarps);
 }
 
 // Blocks of 8 to 32 warps (FusedCombineFor): blockDim.x is the launch's. One block per multiprocessor lets ptxas use up
 // to 64 registers, which the widest pulls need.
-template <typename T, int kVec>
+template <typename T, int kVec, int kVecs>
 __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
     CombineFusedKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
@@ -96,9 +97,9 @@ __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
   const int64_t item_stride = static_cast<int64_t>(gridDim.x) * warps;
   const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);
   const uint32_t epoch = start.epoch;
-  const int32_t first_entry = PrefetchRoute<kVec>(p, first_item, threadIdx.x % 32);  // this rank's own record
+  const int32_t first_entry = PrefetchRoute<kVec, kVecs>(p, first_item, threadIdx.x % 32);  // own record
   if (start.fatal) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
-    PullItems<T, kVec>(p, true, first_item, item_stride);
+    PullItems<T, kVec, kVecs>(p, true, first_item, item_stride);
     return;
   }
   // The partials were written by earlier kernels: the release covers them. Every block of a small grid publishes
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
   // The barrier extends the acquires to the whole block: the peers' partials are visible to every warp. Nothing is
   // counted at the end: the next combine runs the epoch of the next dispatch.
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;
-  PullItems<T, kVec>(p, failed, first_item, item_stride, &first_entry);
+  PullItems<T, kVec, kVecs>(p, failed, first_item, item_stride, &first_entry);
 }
 
 enum class FloatType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
@@ -169,15 +170,24 @@ struct PushLauncher {
   }
 };
 
+// Launches the pull (fused: the one-kernel combine) with items of `vecs` vectors a lane (2 only for 16-byte ones).
 struct PullLauncher {
   const CombineParams& p;
   int blocks, threads;
   bool fused;
+  int vecs;
   cudaStream_t stream;
+  template <typename T, int kVec, int kVecs>
+  cudaError_t Launch() const {
+    return LaunchAfterPrior(fused ? CombineFusedKernel<T, kVec, kVecs> : CombinePullKernel<T, kVec, kVecs>, blocks,
+                            threads, stream, p);
+  }
   template <typename T, int kVec>
   cudaError_t operator()() const {
-    return LaunchAfterPrior(fused ? CombineFusedKernel<T, kVec> : CombinePullKernel<T, kVec>, blocks, threads, stream,
-                            p);
+    if constexpr (kVec == 16) {
+      if (vecs == 2) return Launch<T, kVec, 2>();
+    }
+    return Launch<T, kVec, 1>();
   }
 };
 
@@ -185,11 +195,24 @@ struct PullPreloader {
   template <typename T, int kVec>
   cudaError_t operator()() const {
     cudaFuncAttributes attr;
-    cudaError_t err = cudaFuncGetAttributes(&attr, CombinePullKernel<T, kVec>);
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombineFusedKernel<T, kVec>);
+    cudaError_t err = cudaFuncGetAttributes(&attr, CombinePullKernel<T, kVec, 1>);
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombineFusedKernel<T, kVec, 1>);
+    if constexpr (kVec == 16) {
+      if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePullKernel<T, kVec, 2>);
+      if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombineFusedKernel<T, kVec, 2>);
+    }
     return err == cudaSuccess ? cudaFuncGetAttributes(&attr, CombinePushKernel<PlainWire<T, kVec>>) : err;
   }
 };
+
+// Vectors a lane per pull item: 2 (1 KiB items) where the vectors are 16 bytes and 512-byte items would leave some
+// warp of the pull's grid (`warps`) more than one in turn; else 1. Half as many items, the same bytes in flight a
+// warp. One H200: the partials of 4 simulated ranks at 64 tokens, summed alone, took 3.7 us instead of 4.3-4.4,
+// while 512-byte items were quicker wherever every warp had one (docs/measurements/data_movement_floor.cu); the
+// bench's pair took 9-17% less at 1024 and 8192 tokens with 1 and 2 simulated ranks (docs/benchmarks.md).
+inline int PullVecsFor(int64_t narrow_items, int64_t warps, int vec_bytes) {
+  return vec_bytes == 16 && narrow_items > warps ? 2 : 1;
+}
 
 // The grid of a one-kernel combine: every block waits for the peers before it pulls, so the grid must run in one
 // wave. With a GPU per rank only this GPU's own work can be delayed by the waiting blocks: a block per
@@ -227,15 +250,25 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
   }
   if (p.push) return DispatchPullKernel(type, pull_vec_bytes, PushLauncher{p, num_sms, stream});
   if (p.fp8_wire) pull_vec_bytes = kFp8PullElems * 2;  // bf16|fp16, 16 elements a lane
-  const int64_t pieces = (p.row_bytes + 32 * pull_vec_bytes - 1) / (32 * pull_vec_bytes);
-  const int64_t warps = static_cast<int64_t>(p.num_tokens) * pieces;
-  const int pull_blocks = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(num_sms * 8, (warps + kCombineWarps - 1) / kCombineWarps)));
+  // Items of 512 bytes where the vectors are 16 (narrow), and of 1 KiB (wide) where that spares warps a second item.
+  auto items_of = [&](int64_t item_bytes) {
+    return static_cast<int64_t>(p.num_tokens) * ((p.row_bytes + item_bytes - 1) / item_bytes);
+  };
+  const int64_t narrow_items = items_of(32 * pull_vec_bytes), wide_items = items_of(64 * pull_vec_bytes);
+  auto blocks_for = [&](int64_t items) {
+    return static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(num_sms * 8, (items + kCombineWarps - 1) / kCombineWarps)));
+  };
   // One kernel where the pull fits one wave (FusedCombineFor).
   if (!split && p.input == nullptr && !p.fp8_wire) {
-    const FusedCombineShape fused = FusedCombineFor(warps, num_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
+    FusedCombineShape fused =
+        FusedCombineFor(narrow_items, num_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
     if (fused.blocks > 0) {
-      return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, fused.blocks, fused.threads, true, stream});
+      const int vecs =
+          PullVecsFor(narrow_items, static_cast<int64_t>(fused.blocks) * (fused.threads / 32), pull_vec_bytes);
+      if (vecs == 2) fused = FusedCombineFor(wide_items, num_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
+      return DispatchPullKernel(type, pull_vec_bytes,
+                                PullLauncher{p, fused.blocks, fused.threads, true, vecs, stream});
     }
   }
   // Zero copy needs one block (the signal); a copy gets a warp per row (per piece of a row when quantizing from a
@@ -249,10 +282,13 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
   const cudaError_t err = LaunchAfterPrior(CombinePublishKernel, publish_blocks, kCombineThreads, stream, p);
   if (err != cudaSuccess || p.num_tokens == 0 || p.phase == CombinePhase::kSend) return err;
   if (p.fp8_wire) {
-    return LaunchAfterPrior(p.fp16 ? CombinePullFp8Kernel<__half> : CombinePullFp8Kernel<__nv_bfloat16>, pull_blocks,
-                            kCombineThreads, stream, p);
+    return LaunchAfterPrior(p.fp16 ? CombinePullFp8Kernel<__half> : CombinePullFp8Kernel<__nv_bfloat16>,
+                            blocks_for(narrow_items), kCombineThreads, stream, p);
   }
-  return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, pull_blocks, kCombineThreads, false, stream});
+  const int vecs =
+      PullVecsFor(narrow_items, static_cast<int64_t>(blocks_for(narrow_items)) * kCombineWarps, pull_vec_bytes);
+  return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, blocks_for(vecs == 2 ? wide_items : narrow_items),
+                                                               kCombineThreads, false, vecs, stream});
 }
 
 inline cudaError_t GetCombineKernelAttributes() {

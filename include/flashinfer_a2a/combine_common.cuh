@@ -122,26 +122,38 @@ __device__ __forceinline__ TokenSources LoadTokenSources(const CombineParams& p,
 
 constexpr int kCombineLoadBatch = 8;  // partials loaded before the first add: up to 8 NVLink reads in flight
 
-// One lane's kVec bytes at byte offset `off` of token t's sum over its `num_sources` routes (lane j of `entry`
-// holds the j-th), added in increasing rank order in fp32. This rank's own partial is read from the caller's
-// partials (or the combine region when zero copy); a remote one from that rank's combine region (pulled) or from
-// this rank's landing block for that rank (`landed`: pushed). Lanes past the row's end only take part in shuffles.
-template <typename T, int kVec>
+// Bytes of one pull item: a warp's 32 lanes times kVecs vectors of kVec bytes. A wide item (kVecs 2, 16-byte
+// vectors only) halves the items of a large pull, so that each warp has fewer of them in turn (PullVecsFor).
+template <int kVec, int kVecs>
+constexpr int64_t kPullItemBytes = int64_t{32} * kVec * kVecs;
+
+// One lane's kVecs vectors of kVec bytes, from byte offset `off` of token t's row 32 * kVec bytes apart, of the
+// sum over its `num_sources` routes (lane j of `entry` holds the j-th), added in increasing rank order in fp32.
+// This rank's own partial is read from the caller's partials (or the combine region when zero copy); a remote one
+// from that rank's combine region (pulled) or from this rank's landing block for that rank (`landed`: pushed).
+// 8 vectors a lane are loaded before their adds (8 sources, or 4 of a wide item). Lanes past the row's end only
+// take part in shuffles.
+template <typename T, int kVec, int kVecs = 1>
 __device__ __forceinline__ void SumPlainElems(const CombineParams& p, int64_t t, int64_t off, int32_t entry,
                                               int num_sources, bool landed) {
   using Vec = typename VecOf<kVec>::Type;
   constexpr int kElems = kVec / sizeof(T);
+  constexpr int kBatch = kCombineLoadBatch / kVecs;
   const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
-  const bool active = off < p.row_bytes;
-  float acc[kElems];
+  bool active[kVecs];
+  float acc[kVecs][kElems];
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) acc[e] = 0.0f;
-  for (int j0 = 0; j0 < num_sources; j0 += kCombineLoadBatch) {
-    Vec loaded[kCombineLoadBatch];
+  for (int u = 0; u < kVecs; ++u) {
+    active[u] = off + u * 32 * kVec < p.row_bytes;
 #pragma unroll
-    for (int j = 0; j < kCombineLoadBatch; ++j) {
+    for (int e = 0; e < kElems; ++e) acc[u][e] = 0.0f;
+  }
+  for (int j0 = 0; j0 < num_sources; j0 += kBatch) {
+    Vec loaded[kBatch][kVecs];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
       const int32_t e = __shfl_sync(0xffffffffu, entry, (j0 + j) & 31);
-      if (active && j0 + j < num_sources) {
+      if (active[0] && j0 + j < num_sources) {
         const int rank = RouteRank(e);
         const uint8_t* row;
         if (rank == p.ranks.ep_rank) {
@@ -151,45 +163,56 @@ __device__ __forceinline__ void SumPlainElems(const CombineParams& p, int64_t t,
         } else {
           row = p.ranks.Base(rank) + p.combine_offset + (src_block + RouteSlot(e)) * p.row_bytes;
         }
-        loaded[j] = *reinterpret_cast<const Vec*>(row + off);
+#pragma unroll
+        for (int u = 0; u < kVecs; ++u) {
+          if (active[u]) loaded[j][u] = *reinterpret_cast<const Vec*>(row + off + u * 32 * kVec);
+        }
       }
     }
 #pragma unroll
-    for (int j = 0; j < kCombineLoadBatch; ++j) {
-      if (active && j0 + j < num_sources) {
-        const T* v = reinterpret_cast<const T*>(&loaded[j]);
+    for (int j = 0; j < kBatch; ++j) {
+      if (j0 + j >= num_sources) continue;
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) acc[e] += FloatConvert<T>::ToFloat(v[e]);
+      for (int u = 0; u < kVecs; ++u) {
+        if (!active[u]) continue;
+        const T* v = reinterpret_cast<const T*>(&loaded[j][u]);
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) acc[u][e] += FloatConvert<T>::ToFloat(v[e]);
       }
     }
   }
-  if (!active) return;
-  Vec out;
-  T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) o[e] = FloatConvert<T>::FromFloat(acc[e]);
-  *reinterpret_cast<Vec*>(static_cast<uint8_t*>(p.output) + t * p.row_bytes + off) = out;
+  for (int u = 0; u < kVecs; ++u) {
+    if (!active[u]) continue;
+    Vec out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) o[e] = FloatConvert<T>::FromFloat(acc[u][e]);
+    *reinterpret_cast<Vec*>(static_cast<uint8_t*>(p.output) + t * p.row_bytes + off + u * 32 * kVec) = out;
+  }
 }
 
 // Lane k's routing entry of the token of the pull's item `item` (-1 past the record or the items): loaded by the
 // one-kernel combine before it waits for the peers, so that the load is not on the critical path.
-template <int kVec>
+template <int kVec, int kVecs>
 __device__ __forceinline__ int32_t PrefetchRoute(const CombineParams& p, int64_t item, int lane) {
-  const int pieces = static_cast<int>((p.row_bytes + 32 * kVec - 1) / (32 * kVec));
+  constexpr int64_t kItem = kPullItemBytes<kVec, kVecs>;
+  const int pieces = static_cast<int>((p.row_bytes + kItem - 1) / kItem);
   if (item >= static_cast<int64_t>(p.num_tokens) * pieces || lane >= p.route_stride) return -1;
   const int32_t* routing = reinterpret_cast<const int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.routing_offset);
   return routing[item / pieces * p.route_stride + lane];
 }
 
-// The pull of every (token, 32 * kVec bytes) item with index = first_item (mod item_stride), a warp per item.
+// The pull of every (token, kPullItemBytes) item with index = first_item (mod item_stride), a warp per item.
 // `first_entry`: the first item's routing entry when prefetched (PrefetchRoute), else null. Each item's routing
 // entry is loaded while the previous item's partials are summed, so a warp with several items waits for one round
 // trip per item, not two.
-template <typename T, int kVec>
+template <typename T, int kVec, int kVecs = 1>
 __device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, int64_t first_item,
                                           int64_t item_stride, const int32_t* first_entry = nullptr) {
+  constexpr int64_t kItem = kPullItemBytes<kVec, kVecs>;
   const int lane = threadIdx.x % 32;
-  const int pieces = static_cast<int>((p.row_bytes + 32 * kVec - 1) / (32 * kVec));
+  const int pieces = static_cast<int>((p.row_bytes + kItem - 1) / kItem);
   const int64_t items = static_cast<int64_t>(p.num_tokens) * pieces;
   if (first_item >= items) return;
   int32_t next = first_entry == nullptr ? LoadRouteEntry(p, failed, first_item / pieces, lane)
@@ -198,8 +221,8 @@ __device__ __forceinline__ void PullItems(const CombineParams& p, bool failed, i
   for (int64_t item = first_item; item < items; item += item_stride) {
     const int32_t entry = next;
     if (item + item_stride < items) next = LoadRouteEntry(p, failed, (item + item_stride) / pieces, lane);
-    SumPlainElems<T, kVec>(p, item / pieces, (item % pieces) * 32 * kVec + lane * kVec, entry,
-                           CountRoutes(entry, p.ranks.ep_size, p.runtime_max), false);
+    SumPlainElems<T, kVec, kVecs>(p, item / pieces, (item % pieces) * kItem + lane * kVec, entry,
+                                  CountRoutes(entry, p.ranks.ep_size, p.runtime_max), false);
   }
 }
 

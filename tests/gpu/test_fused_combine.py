@@ -5,6 +5,8 @@ equal share of the multiprocessors by default."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -20,23 +22,25 @@ EP, EXPERTS, TOP_K, HIDDEN, MAX_TOKENS = 2, 8, 2, 1024, 512
 DTYPE = torch.bfloat16
 
 
-def _combine_kernels(tokens: int, gen: torch.Generator, num_sms: int = 0) -> set[str]:
-    config = fa.WorkspaceConfig(ep_size=EP, max_num_tokens=MAX_TOKENS, dispatch_bytes_per_token=HIDDEN * 2 + TOP_K * 4,
-                                combine_bytes_per_token=HIDDEN * 2, top_k=TOP_K)
+def _combine_kernels(tokens: int, gen: torch.Generator, num_sms: int = 0, hidden: int = HIDDEN,
+                     dtype: torch.dtype = DTYPE) -> set[str]:
+    row = hidden * dtype.itemsize
+    config = fa.WorkspaceConfig(ep_size=EP, max_num_tokens=MAX_TOKENS, dispatch_bytes_per_token=row + TOP_K * 4,
+                                combine_bytes_per_token=row, top_k=TOP_K)
     sim = SimulatedRanks(config)
     ids = [torch.randint(0, EXPERTS, (tokens, TOP_K), generator=gen, dtype=torch.int32).cuda() for _ in range(EP)]
-    xs = [torch.randn(tokens, HIDDEN, generator=gen).to(DTYPE).cuda() for _ in range(EP)]
+    xs = [torch.randn(tokens, hidden, generator=gen).to(dtype).cuda() for _ in range(EP)]
     received = sim.dispatch(ids, [[x, i] for x, i in zip(xs, ids)], tokens, EXPERTS)
     for r in range(EP):  # fresh partials in every row, zero copy
-        sim.combine_input(r, tokens, HIDDEN, DTYPE).copy_(torch.randn(EP, tokens, HIDDEN, generator=gen).to(DTYPE))
-    outs = [torch.full((tokens, HIDDEN), float("nan"), dtype=DTYPE, device="cuda") for _ in range(EP)]
+        sim.combine_input(r, tokens, hidden, dtype).copy_(torch.randn(EP, tokens, hidden, generator=gen).to(dtype))
+    outs = [torch.full((tokens, hidden), float("nan"), dtype=dtype, device="cuda") for _ in range(EP)]
     counts = [c for _, c in received]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         got = sim.run(lambda r: F.combine(sim.workspace, r, config, counts[r], tokens, tokens, out=outs[r],
                                           num_sms=num_sms))
         torch.cuda.synchronize()
-    partials = [sim.combine_input(r, tokens, HIDDEN, DTYPE) for r in range(EP)]
+    partials = [sim.combine_input(r, tokens, hidden, dtype) for r in range(EP)]
     expected = reference_combine([p.cpu() for p in partials], [i.cpu() for i in ids], EXPERTS)
     for r in range(EP):
         assert got[r].data_ptr() == outs[r].data_ptr()
@@ -68,3 +72,19 @@ def test_simulated_dispatch_takes_a_share_of_the_multiprocessors():
                                 top_k=1)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert SimulatedRanks(config).dispatch_sms == sms // 4
+
+
+# Rows of 2.5 KiB: a token is 5 items of 512 bytes, or 3 of 1 KiB whose last one ends half way. Wide (1 KiB) items
+# are pulled where 512-byte ones would give some warp a second item in turn, in one kernel or in two.
+@pytest.mark.parametrize("dtype, hidden", [(torch.bfloat16, 1280), (torch.float16, 1280), (torch.float32, 640)])
+@pytest.mark.parametrize("tokens, num_sms, kernel, vectors", [
+    (4, 0, "CombineFusedKernel", 1),    # 20 items, 3 blocks of 8 warps: one each
+    (40, 2, "CombineFusedKernel", 2),   # 200 items, 2 blocks of 32 warps: 120 wide items instead
+    (300, 2, "CombinePullKernel", 2),   # 1500 items > 2 x 32 x 4: two kernels, 16 blocks of 8 warps, wide
+])
+def test_pull_items_widen_only_where_warps_would_loop(dtype, hidden, tokens, num_sms, kernel, vectors):
+    gen = torch.Generator().manual_seed(torch.seed())
+    kernels = _combine_kernels(tokens, gen, num_sms, hidden, dtype)
+    pulls = [re.search(rf"{kernel}<(.*)>", k) for k in kernels if kernel in k]
+    # the last template argument: vectors a lane per item
+    assert pulls and all(m and re.findall(r"\d+", m[1])[-1] == str(vectors) for m in pulls), kernels
