@@ -4,7 +4,8 @@
 
 With GPUs each process takes the GPU of its LOCAL_RANK and the group runs NCCL (one process per GPU: NCCL refuses two
 ranks on one GPU). Without a GPU the group runs gloo on the CPU, where "auto" picks the nccl transport: that is how
-the test suite runs this file.
+the test suite runs this file. (On CPU, torch 2.13's gloo backend now and then aborts a process at exit, after the
+program has finished: "terminate called without an active exception", pytorch/pytorch#190489.)
 """
 
 from flashinfer_a2a.reference import token_rank_mask
