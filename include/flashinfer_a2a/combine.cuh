@@ -281,13 +281,13 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
       copies && p.phase != CombinePhase::kRecv ? static_cast<int>(std::max<int64_t>(copy_blocks, 1)) : 1;
   const cudaError_t err = LaunchAfterPrior(CombinePublishKernel, publish_blocks, kCombineThreads, stream, p);
   if (err != cudaSuccess || p.num_tokens == 0 || p.phase == CombinePhase::kSend) return err;
+  const int narrow_blocks = blocks_for(narrow_items);
   if (p.fp8_wire) {
     return LaunchAfterPrior(p.fp16 ? CombinePullFp8Kernel<__half> : CombinePullFp8Kernel<__nv_bfloat16>,
-                            blocks_for(narrow_items), kCombineThreads, stream, p);
+                            narrow_blocks, kCombineThreads, stream, p);
   }
-  const int vecs =
-      PullVecsFor(narrow_items, static_cast<int64_t>(blocks_for(narrow_items)) * kCombineWarps, pull_vec_bytes);
-  return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, blocks_for(vecs == 2 ? wide_items : narrow_items),
+  const int vecs = PullVecsFor(narrow_items, static_cast<int64_t>(narrow_blocks) * kCombineWarps, pull_vec_bytes);
+  return DispatchPullKernel(type, pull_vec_bytes, PullLauncher{p, vecs == 2 ? blocks_for(wide_items) : narrow_blocks,
                                                                kCombineThreads, false, vecs, stream});
 }
 
