@@ -1,4 +1,4 @@
-"""Teardown that survives dead peers, and the stream rule of one MoeAlltoAll.
+"""Teardown that survives dead peers, and the order of one workspace's steps across CUDA streams.
 
 A barrier with a dead peer never returns (or returns after the process group's timeout, 30 minutes with gloo's
 default), so teardown bounds it: the barrier runs in a helper thread and, if it has not returned within the
@@ -94,40 +94,56 @@ def _stream_getter(device: torch.device) -> Optional[Callable[[], int]]:
     return lambda: torch.cuda.current_stream(index).cuda_stream
 
 
-class StreamBinding:
-    """The stream one MoeAlltoAll's steps run on: the first eager step binds it, later eager steps must run on it.
+class StreamOrder:
+    """Orders one shared workspace's steps across CUDA streams, as torch orders its own ops' inputs.
 
-    The steps of one instance share state in device memory (the epochs, the pending dispatch's counts and receive
-    region) that only stream order protects: a combine on another stream than its dispatch can read counts the
-    dispatch has not written. Steps traced by torch.compile or captured in a CUDA graph are not checked (their
-    order is the graph's).
+    The steps of every instance on one workspace share state in device memory (the epochs, the pending dispatch's
+    counts and receive region) that only stream order protects: a combine on another stream than its dispatch could
+    read counts the dispatch has not written. So when an eager step is issued on another stream than the previous
+    eager step, that stream first waits for everything issued so far on the previous one (an event recorded there
+    now, so the previous step and whatever followed it). The steady state, every step on one stream, costs one
+    comparison. Steps captured into a CUDA graph follow the graph's order: one capturing stream after another of the
+    same capture waits the same way (an edge of the graph), and a capture after eager work relies on the caller's
+    ordering as any captured op does (``torch.cuda.graph`` synchronizes before it captures). Steps traced by
+    ``torch.compile`` run on whatever stream runs the compiled code, ordered by it.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        #: the raw handle of the stream of the last eager step, and that stream
         self.stream: Optional[int] = None
+        self._stream_obj: Optional[torch.cuda.Stream] = None
+        #: the same for the last captured step (only ever waited on while it is still capturing)
+        self._captured: Optional[torch.cuda.Stream] = None
         self._current = _stream_getter(device)
 
-    def check(self, step: str) -> None:
+    def order(self) -> None:
+        """Called before every step launches: makes the current stream wait for the previous step's stream when
+        they differ (see the class docstring)."""
         if self._current is None or torch.compiler.is_compiling():  # dynamo folds the second, tracing nothing
             return
         current = self._current()
         if current == self.stream:  # the eager steady state: one comparison
             return
+        stream = torch.cuda.current_stream(self.device)
         if torch.cuda.is_current_stream_capturing():
+            previous, self._captured = self._captured, stream
+            if previous is not None and previous.cuda_stream != current and _capturing(previous):
+                stream.wait_stream(previous)  # an edge of the graph being captured
             return
-        if self.stream is None:
-            self.stream = current
-        else:
-            raise RuntimeError(
-                f"MoeAlltoAll.{step} issued on CUDA stream {current:#x}, but this instance is bound to stream "
-                f"{self.stream:#x} (its first step ran there). One instance's steps must be ordered on one stream, "
-                "dispatch and its combine included: run them on that stream, or call bind_stream() once the "
-                "previous stream's work is ordered before the new one (an event or a synchronize)."
-            )
+        if self._stream_obj is not None:
+            stream.wait_stream(self._stream_obj)
+        self.stream, self._stream_obj = current, stream
 
     def rebind(self, stream: Optional[torch.cuda.Stream] = None) -> None:
-        if stream is not None:
-            self.stream = stream.cuda_stream
-        elif self._current is not None:  # off CUDA nothing is checked
-            self.stream = self._current()
+        """Takes ``stream`` (default: the current one) as the stream of the last step, without waiting: for a caller
+        that ordered the streams itself."""
+        if self._current is None:  # off CUDA nothing is ordered
+            return
+        stream = torch.cuda.current_stream(self.device) if stream is None else stream
+        self.stream, self._stream_obj = stream.cuda_stream, stream
+
+
+def _capturing(stream: torch.cuda.Stream) -> bool:
+    with torch.cuda.stream(stream):
+        return torch.cuda.is_current_stream_capturing()

@@ -315,9 +315,9 @@ class MoeAlltoAll(SplitPhaseMixin):
         shared_workspace.release(shared)
 
     def bind_stream(self, stream: Optional[torch.cuda.Stream] = None) -> None:
-        """Binds the steps of this instance (and of every instance sharing its workspace) to ``stream`` (default:
-        the current one). The previous stream's work must be ordered before the next step (an event or a
-        synchronize)."""
+        """Not needed: the steps of every instance sharing this workspace are ordered across streams by the package
+        (docs/semantics.md, "Streams and threads"). Takes ``stream`` (default: the current one) as the stream of the
+        last step without making it wait, for a caller that ordered the streams already."""
         self._check_alive()
         self._shared.stream.rebind(stream)
 
@@ -328,13 +328,13 @@ class MoeAlltoAll(SplitPhaseMixin):
             raise RuntimeError("this MoeAlltoAll was destroyed: build a new one (its workspace is freed)")
 
     def _begin(self, call: str) -> shared_workspace.SharedWorkspace:
-        """Checks before a step launches: the instance lives, the step runs on the bound stream, in order. Returns
-        the shared workspace."""
+        """Before a step launches: the instance lives, its stream waits for the previous step's, the steps come in
+        order. Returns the shared workspace."""
         shared = self._shared
         if shared is None or shared.allocation is None:
             self._check_alive()  # raises, saying why
-        shared.stream.check(call)
         shared.order.check(call)
+        shared.stream.order()
         return shared
 
     def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:

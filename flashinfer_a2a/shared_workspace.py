@@ -25,7 +25,7 @@ import torch
 
 from . import functional as F
 from .comm import Communicator
-from .lifecycle import StreamBinding, barrier_within, release_workspace
+from .lifecycle import StreamOrder, barrier_within, release_workspace
 from .sizing import union
 from .split_phase import CallOrder
 from .symm_mem import SymmetricWorkspace
@@ -54,8 +54,8 @@ class SharedWorkspace:
         self.eager_calls: dict[int, Any] = {}
         self.users = 0
         self.allocations = 0  # how many times memory was allocated (tests and logs)
-        #: the stream every user's steps run on (they share the epochs and the pending dispatch)
-        self.stream: Optional[StreamBinding] = None
+        #: orders every user's steps across streams (they share the epochs and the pending dispatch)
+        self.stream: Optional[StreamOrder] = None
 
     def reserve(self, config: F.WorkspaceConfig) -> bool:
         """Makes the workspace fit ``config`` too; returns whether it changed. Collective when it changes (every
@@ -77,7 +77,7 @@ class SharedWorkspace:
             self.allocations += 1
         self.tensor = self.allocation.tensor
         if self.stream is None:
-            self.stream = StreamBinding(self.tensor.device)
+            self.stream = StreamOrder(self.tensor.device)
         self.eager_calls.clear()
         try:
             self.metainfo = F.initialize(self.tensor, self.comm.rank, want)

@@ -76,29 +76,50 @@ def test_bounded_reports_a_hang_and_an_error():
     assert not ok and reason.startswith("ZeroDivisionError")
 
 
-def test_stream_binding_refuses_another_stream(monkeypatch):
-    """The binding's logic with the stream getter stubbed (the GPU test runs it on real streams)."""
+def test_stream_order_waits_for_the_previous_steps_stream(monkeypatch):
+    """The ordering logic with the CUDA calls stubbed (tests/gpu/test_reliability.py and the engines' graph flows
+    run it on real streams): a step on a new stream waits for the previous eager step's stream, once; a captured step
+    waits only for an earlier captured step's stream that is still capturing; the steady state waits for nothing."""
     import torch
 
     from flashinfer_a2a import lifecycle
 
-    current = {"stream": 0x10, "capturing": False}
-    monkeypatch.setattr(lifecycle, "_stream_getter", lambda device: lambda: current["stream"])
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: current["capturing"])
-    binding = lifecycle.StreamBinding(torch.device("cuda", 0))
-    current["capturing"] = True
-    binding.check("dispatch")  # a captured first step binds nothing
-    assert binding.stream is None
-    current["capturing"] = False
-    binding.check("dispatch")
-    assert binding.stream == 0x10
-    current["stream"] = 0x20
-    with pytest.raises(RuntimeError, match="MoeAlltoAll.combine issued on CUDA stream 0x20, but this instance is "
-                                           "bound to stream 0x10"):
-        binding.check("combine")
-    current["capturing"] = True
-    binding.check("combine")  # captured: the graph orders it
-    current["capturing"] = False
-    binding.rebind()
-    binding.check("combine")
-    assert binding.stream == 0x20
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream, self.waited = handle, []
+
+        def wait_stream(self, other):
+            self.waited.append(other.cuda_stream)
+
+    streams = {h: Stream(h) for h in (0x10, 0x20, 0x30, 0x40)}
+    now = {"stream": 0x10, "capturing": set()}
+    monkeypatch.setattr(lifecycle, "_stream_getter", lambda device: lambda: now["stream"])
+    monkeypatch.setattr(lifecycle, "_capturing", lambda s: s.cuda_stream in now["capturing"])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams[now["stream"]])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: now["stream"] in now["capturing"])
+    order = lifecycle.StreamOrder(torch.device("cuda", 0))
+
+    def step(handle):
+        now["stream"] = handle
+        order.order()
+        return streams[handle].waited
+
+    assert step(0x10) == [] and order.stream == 0x10  # the first step waits for nothing
+    assert step(0x10) == []
+    assert step(0x20) == [0x10]  # another stream: it waits for the previous step's, once
+    assert step(0x20) == [0x10]
+    assert step(0x10) == [0x20]
+    now["capturing"] = {0x30, 0x40}
+    assert step(0x30) == []  # a capture after eager work: the caller's (torch.cuda.graph synchronizes)
+    assert step(0x40) == [0x30]  # another stream of the capture: an edge of the graph
+    assert order.stream == 0x10  # captured steps leave the eager order alone
+    now["capturing"] = set()
+    assert step(0x20) == [0x10, 0x10]  # eager again: waits for the last eager step's stream
+    now["capturing"] = {0x40}
+    streams[0x40].waited.clear()
+    assert step(0x40) == []  # the last captured stream (0x40) is this one
+    now["capturing"] = {0x30}
+    assert step(0x30) == []  # 0x40's capture ended: nothing of it to wait for
+    now["capturing"] = set()
+    order.rebind(streams[0x40])  # the caller ordered the streams: no wait
+    assert step(0x40) == [] and order.stream == 0x40

@@ -7,7 +7,8 @@ Prints, at 1 and 128 tokens: MoeAlltoAll.dispatch, .combine_input and .combine p
 step of the three; the same for a step of split halves (dispatch_send, dispatch_recv, combine_input, combine_send,
 combine_recv); then the layers under dispatch (flashinfer_a2a.eager_calls, the bound tvm-ffi call), and, for
 scale, the functional call, the tvm-ffi call with every argument, a trivial tvm-ffi call and a trivial torch op
-(docs/benchmarks.md).
+(docs/benchmarks.md); last, the ordering of steps across streams that every step makes (docs/semantics.md), when
+the stream is unchanged and when it changes each call.
 """
 
 import statistics
@@ -61,6 +62,16 @@ def step_us(calls: dict) -> tuple[str, float]:
     return ", ".join(f"{name} {statistics.median(times) / 1e3:.2f} us" for name, times in host.items()), wall
 
 
+def alternate(a2a, other=[]) -> None:
+    """The ordering before a step on a side stream, then before one on the current stream: each waits for the
+    other stream (the cost of a step whose stream changed, twice, with a stream switch)."""
+    if not other:
+        other.append(torch.cuda.Stream())
+    with torch.cuda.stream(other[0]):
+        a2a._shared.stream.order()
+    a2a._shared.stream.order()
+
+
 def main() -> None:
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29531", rank=0, world_size=1)
     a2a = MoeAlltoAll(max_num_tokens=MAX_TOKENS, top_k=TOP_K, num_experts=EXPERTS, hidden_size=HIDDEN)
@@ -92,6 +103,8 @@ def main() -> None:
             "tvm-ffi dispatch, every argument": lambda: module.dispatch(*args),
             "tvm-ffi get_workspace_size": lambda: module.get_workspace_size(*config.sizes()),
             "torch x.add_(0)": lambda: payloads[0].add_(0),
+            "stream order, the step's stream unchanged": a2a._shared.stream.order,
+            "stream order, two streams in turn (a wait each call) + torch.cuda.stream": lambda: alternate(a2a),
         }
         for name, fn in layers.items():
             print(f"  {name} {per_call_us(fn):.2f} us")

@@ -1,4 +1,4 @@
-"""Mismatched calls refused, memory that outlives destroy(), the stream rule: on one GPU (simulated ranks, or a
+"""Mismatched calls refused, memory that outlives destroy(), steps ordered across streams: on one GPU (simulated ranks, or a
 MoeAlltoAll group of one rank)."""
 
 import gc
@@ -100,36 +100,47 @@ def test_views_outlive_destroy_and_later_calls_raise():
     gc.collect()
 
 
-def test_steps_on_another_stream_are_refused():
+def test_steps_on_two_streams_are_ordered_by_the_package():
+    """A dispatch on one stream, kept busy before it, and its combine on another with nothing ordering them: the
+    combine waits for the dispatch (unordered, it would run first and find no counts). Both ways round, then eager
+    steps after a capture on a side stream, and bind_stream for a caller that ordered the streams itself."""
     a2a = _moe()
     gen = torch.Generator().manual_seed(torch.seed())
-    other = torch.cuda.Stream()
+    default, other = torch.cuda.current_stream(), torch.cuda.Stream()
     try:
-        ids, payloads = _inputs(gen, 9, torch.int64)
-        a2a.dispatch(ids, payloads)  # binds the current stream
-        with torch.cuda.stream(other):
-            with pytest.raises(RuntimeError, match="issued on CUDA stream .* bound to stream"):
-                a2a.combine()
-        a2a.combine_input().zero_()
-        a2a.combine()
-        torch.cuda.synchronize()
-        with torch.cuda.stream(other):
-            with pytest.raises(RuntimeError, match="bound to stream"):
+        for first, second in [(default, other), (other, default), (default, other), (default, default)]:
+            ids, payloads = _inputs(gen, 9 + 4 * (first is other), torch.int64)
+            partials = torch.zeros(1, MAX_TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda")
+            partials[0, :ids.shape[0]] = payloads[0]  # one rank: token t is received in row t
+            torch.cuda.synchronize()
+            with torch.cuda.stream(first):
+                torch.cuda._sleep(50_000_000)  # tens of milliseconds of one busy block
                 a2a.dispatch(ids, payloads)
-            a2a.bind_stream()  # the default stream's work is done (synchronized above)
+            with torch.cuda.stream(second):
+                out = torch.full_like(payloads[0], float("nan"))
+                a2a.combine(partials, out=out)
+            torch.cuda.synchronize()
+            assert torch.equal(out, payloads[0])
+            fa.check_error(a2a.workspace, 0)
+        # A capture on torch.cuda.graph's own stream after eager steps on the default one, then eager again.
+        ids, payloads = _inputs(gen, 11, torch.int64)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             (recv_x, _), _ = a2a.dispatch(ids, payloads)
-            partials = a2a.combine_input()
-            partials.copy_(recv_x)
+            a2a.combine_input().copy_(recv_x)
+            captured = a2a.combine()
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, payloads[0])
+        with torch.cuda.stream(other):
+            torch.cuda.current_stream().wait_stream(default)
+            a2a.bind_stream()  # ordered by the caller: taken without another wait
+            (recv_x, _), _ = a2a.dispatch(ids, payloads)
+            a2a.combine_input().copy_(recv_x)
             out = a2a.combine()
         torch.cuda.synchronize()
         assert torch.equal(out, payloads[0])
-        # Captured steps are the graph's to order: a capture on a side stream is not refused.
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            a2a.dispatch(ids, payloads)
-            a2a.combine()
-        graph.replay()
-        torch.cuda.synchronize()
         fa.check_error(a2a.workspace, 0)
     finally:
         a2a.destroy()

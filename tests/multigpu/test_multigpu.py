@@ -23,9 +23,16 @@ def _env(extra=None):
 
 
 def _launch(launcher: str, nproc: int, checks: list[str], timeout: int = 600, extra_env=None) -> str:
+    return _launch_module("tests.multigpu.worker", nproc, checks, timeout, extra_env, launcher)
+
+
+def _launch_module(module: str, nproc: int, args: list[str], timeout: int = 600, extra_env=None,
+                   launcher: str = "torchrun") -> str:
+    """Runs ``python -m module *args`` as ``nproc`` ranks under ``launcher``; returns their output (asserting every
+    rank exited 0)."""
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-               str(29500 + os.getpid() % 1000), "-m", "tests.multigpu.worker", *checks]
+               str(29500 + os.getpid() % 1000), "-m", module, *args]
     else:
         mpirun = shutil.which("mpirun")
         if mpirun is None:
@@ -33,7 +40,7 @@ def _launch(launcher: str, nproc: int, checks: list[str], timeout: int = 600, ex
         cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(nproc)]
         for name in (*SAFE_ENV, *(extra_env or {}), "PYTHONPATH"):
             cmd += ["-x", name]  # Open MPI forwards only the variables named
-        cmd += [sys.executable, "-m", "tests.multigpu.worker", *checks]
+        cmd += [sys.executable, "-m", module, *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(extra_env), capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
