@@ -2,7 +2,8 @@
 
 The kernels cannot tell this from real peers: row r of the workspace is rank r's workspace either way, and the
 ranks' kernels run concurrently and meet only through the workspace signals. Used by the tests and the benchmark's
-single-GPU mode.
+single-GPU mode. Captured into a CUDA graph, every step runs as its two halves (every rank's send before any rank's
+receive), so that the graph completes whatever order its branches run in.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 import torch
 
 from . import functional as F
+from . import split_phase
 from .errors import check_error
 
 T = TypeVar("T")
@@ -71,17 +73,49 @@ class SimulatedRanks:
     def dispatch(self, topk_ids: Sequence[torch.Tensor], payloads: Sequence[Sequence[torch.Tensor]],
                  runtime_max_tokens_per_rank: int, num_experts: int, **kwargs):
         """Dispatch on every rank; returns per rank ``(recv_payloads, recv_counts)``. ``num_sms`` defaults to
-        :attr:`dispatch_sms`."""
+        :attr:`dispatch_sms`. Captured into a CUDA graph, as every rank's send half, then every rank's receive half
+        (see :meth:`_captured`)."""
         kwargs["num_sms"] = kwargs.get("num_sms") or self.dispatch_sms
-        return self.run(lambda r: F.dispatch(self.workspace, r, self.config, topk_ids[r], payloads[r],
-                                             runtime_max_tokens_per_rank, num_experts, **kwargs))
+        if not self._captured():
+            return self.run(lambda r: F.dispatch(self.workspace, r, self.config, topk_ids[r], payloads[r],
+                                                 runtime_max_tokens_per_rank, num_experts, **kwargs))
+        sent = self.run(lambda r: split_phase.dispatch_send(self.workspace, r, self.config, topk_ids[r], payloads[r],
+                                                            runtime_max_tokens_per_rank, num_experts, **kwargs))
+        self.run(lambda r: split_phase.dispatch_recv(self.workspace, r, self.config, sent[r][1],
+                                                     runtime_max_tokens_per_rank, timeout_s=kwargs.get("timeout_s"),
+                                                     debug=kwargs.get("debug")))
+        return sent
 
     def combine(self, recv_counts: Sequence[torch.Tensor], num_tokens: Sequence[int], runtime_max_tokens_per_rank: int,
                 partials: Optional[Sequence[Optional[torch.Tensor]]] = None, **kwargs) -> list[torch.Tensor]:
-        """Combine on every rank; ``partials[r]`` None (or no ``partials``) means rank r's zero-copy input."""
-        return self.run(lambda r: F.combine(self.workspace, r, self.config, recv_counts[r], num_tokens[r],
-                                            runtime_max_tokens_per_rank, None if partials is None else partials[r],
-                                            **kwargs))
+        """Combine on every rank; ``partials[r]`` None (or no ``partials``) means rank r's zero-copy input. Captured
+        into a CUDA graph, as every rank's send half, then every rank's receive half (always pulled, the same sums
+        bit for bit; see :meth:`_captured`)."""
+        def part(r: int) -> Optional[torch.Tensor]:
+            return None if partials is None else partials[r]
+
+        if not self._captured():
+            return self.run(lambda r: F.combine(self.workspace, r, self.config, recv_counts[r], num_tokens[r],
+                                                runtime_max_tokens_per_rank, part(r), **kwargs))
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("combine_mode", "one_gpu_per_rank")}
+        out = kwargs.pop("out", None)
+        if out is not None:
+            kwargs.setdefault("hidden", out.shape[-1])
+            kwargs.setdefault("dtype", out.dtype)
+        self.run(lambda r: split_phase.combine_send(self.workspace, r, self.config, recv_counts[r],
+                                                    runtime_max_tokens_per_rank, part(r), **kwargs))
+        return self.run(lambda r: split_phase.combine_recv(self.workspace, r, self.config, recv_counts[r],
+                                                           num_tokens[r], runtime_max_tokens_per_rank, part(r),
+                                                           out=out, **kwargs))
+
+    @staticmethod
+    def _captured() -> bool:
+        """Whether the calls are being captured into a CUDA graph. A graph does not promise to run its independent
+        branches at the same time, and a one-kernel dispatch or combine waits inside the kernel for the peers':
+        replays of 5 to 8 ranks' one-kernel steps waited for a peer whose branch had not started, until the
+        timeout. Captured as halves, no kernel waits for one that runs beside it: every send (which waits for
+        nothing) comes before any receive."""
+        return torch.cuda.is_current_stream_capturing()
 
     def combine_input(self, rank: int, runtime_max_tokens_per_rank: int, hidden: int, dtype: torch.dtype):
         return F.combine_input(self.workspace, rank, self.config, runtime_max_tokens_per_rank, hidden, dtype)
