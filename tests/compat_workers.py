@@ -1,10 +1,12 @@
-"""Rank bodies for tests/test_compat_flashinfer.py: FlashInfer-style communicators over gloo ranks (spawned)."""
+"""Rank bodies for tests/test_compat_flashinfer.py (FlashInfer-style communicators and checkpoints over gloo ranks)
+and tests/gpu/test_compat_engines.py (checkpoint and restore of symmetric memory between processes on one GPU),
+spawned."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .comm_workers import spawn_checks
+from .comm_workers import expect_raises, spawn_checks
 
 
 class VllmLikeBackend:
@@ -74,7 +76,106 @@ def check_split(rank: int, world_size: int, tmp: Path) -> None:
     assert comm.allgather(b"%d" % rank) == [b"%d" % r for r in members]
 
 
-CHECKS = {"adapter": check_adapter, "split": check_split}
+class _CpuAllocation:
+    """A workspace in this process's CPU memory (the ``allocate_workspace`` interface of
+    :mod:`flashinfer_a2a.shared_workspace`): this rank's row is its own, as with symmetric memory."""
+
+    one_gpu_per_rank = False
+
+    def __init__(self, ep_size: int, bytes_per_rank: int) -> None:
+        from flashinfer_a2a import functional as F
+
+        self.tensor = F.empty_workspace(ep_size, bytes_per_rank, "cpu")
+        self.bytes_per_rank = bytes_per_rank
+
+    def destroy(self) -> None:
+        self.tensor = None
+
+
+class CheckpointedBackend(VllmLikeBackend):
+    """vLLM's backend shape with a CPU workspace; ``closed`` stands for a communicator that did not survive the
+    process checkpoint: any collective on it raises."""
+
+    def __init__(self, group=None):
+        super().__init__(group)
+        self.closed = False
+
+    def allgather(self, data):
+        if self.closed:
+            raise RuntimeError("this communicator was used after the checkpoint")
+        return super().allgather(data)
+
+    def allocate_workspace(self, bytes_per_rank, device=None):
+        return _CpuAllocation(self.Get_size(), bytes_per_rank)
+
+
+class OtherRankBackend(VllmLikeBackend):
+    """A communicator of the right size whose ranks are numbered differently."""
+
+    def Get_rank(self):
+        return (super().Get_rank() + 1) % self.Get_size()
+
+
+def check_checkpoint(rank: int, world_size: int, tmp: Path) -> None:
+    """checkpoint_prepare/checkpoint_restore between processes: refused on every rank while one has a dispatch
+    pending; calls between them raise; the restore takes a new communicator (the old one is never used again, not
+    even by destroy) and leaves the workspace as a fresh one."""
+    import torch
+    import torch.distributed as dist
+
+    from flashinfer_a2a import functional as F
+    from flashinfer_a2a import shared_workspace
+    from flashinfer_a2a.compat import checkpoint
+    from flashinfer_a2a.compat import flashinfer as fi
+
+    old = CheckpointedBackend()
+    mapping = fi.Mapping(world_size, rank, 8, tp_size=world_size, moe_ep_size=world_size)
+    config = fi.MnnvlConfig(comm_backend=old)
+    layers = [fi.MoeAlltoAll(mapping, 16, 4, 8, hidden_size=256, mnnvl_config=config) for _ in range(2)]
+    shared = layers[0]._a2a._shared
+    assert layers[1]._a2a._shared is shared
+    address, metadata_end = shared.tensor.data_ptr(), int(shared.metainfo[F.get_metainfo_index_pairs()
+                                                                           ["routing_offset"]])
+    fresh = F.empty_workspace(world_size, shared.config.bytes_per_rank, "cpu")
+    F.initialize(fresh, rank, shared.config)
+    shared.tensor[rank, :metadata_end].fill_(7)  # stands for the epochs and signals of steps run before
+
+    if rank == 0:  # what a dispatch leaves (a GPU launch) on this rank only
+        shared.pending = (4, 16, torch.zeros(world_size, dtype=torch.int32))
+        shared.order.advance("dispatch")
+    expect_raises(RuntimeError, "rank 0 has a dispatched step pending", layers[1].checkpoint_prepare)
+    assert not checkpoint.is_detached(shared) and bool((shared.tensor[rank, :metadata_end] == 7).all())
+    if rank == 0:
+        shared.pending = None
+        shared.order.reset()
+
+    layers[1].checkpoint_prepare()
+    layers[0].checkpoint_prepare()  # the workspace is released already: no collective
+    assert bool((shared.tensor[rank] == checkpoint.POISON_BYTE).all())
+    old.closed = True  # the process was checkpointed and restored: its old communicator is gone
+    ids = torch.zeros(4, 4, dtype=torch.int32)
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    expect_raises(RuntimeError, "released by checkpoint_prepare", layers[0].dispatch, ids, [x, ids], 16)
+    expect_raises(RuntimeError, "released by checkpoint_prepare", layers[1].combine,
+                  torch.zeros(world_size, 16, 256, dtype=torch.bfloat16), 16)
+    expect_raises(RuntimeError, "released by checkpoint_prepare", fi.MoeAlltoAll, mapping, 16, 4, 8,
+                  hidden_size=256, mnnvl_config=config)
+    expect_raises(RuntimeError, f"is rank {(rank + 1) % world_size} of {world_size}", layers[0].checkpoint_restore,
+                  OtherRankBackend())
+
+    new = CheckpointedBackend(dist.new_group(list(range(world_size))))
+    layers[0].checkpoint_restore(new)
+    layers[1].checkpoint_restore(old)  # restored already: a no-op, the closed communicator is not touched
+    assert not checkpoint.is_detached(shared)
+    assert shared.tensor.data_ptr() == address
+    assert torch.equal(shared.tensor[rank, :metadata_end], fresh[rank, :metadata_end])
+    assert shared.comm.backend is new and all(layer._a2a.comm.backend is new for layer in layers)
+    for layer in layers:
+        layer.destroy()  # its barrier runs over the new communicator
+    assert shared_workspace.live_workspaces() == []
+
+
+CHECKS = {"adapter": check_adapter, "split": check_split, "checkpoint": check_checkpoint}
 
 
 def spawn(check: str, world_size: int, tmp_path: Path, timeout_s: float = 120.0) -> None:

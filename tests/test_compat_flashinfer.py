@@ -7,7 +7,9 @@ import inspect
 import pytest
 import torch
 
+from flashinfer_a2a import functional as F
 from flashinfer_a2a import shared_workspace
+from flashinfer_a2a.compat import checkpoint
 from flashinfer_a2a.compat import flashinfer as fi
 from flashinfer_a2a.simulated_group import SimulatedGroup
 
@@ -21,6 +23,7 @@ def _fresh_sizes(monkeypatch):
     monkeypatch.setattr(fi, "_SPLITS", {})
     yield
     assert shared_workspace.live_workspaces() == []
+    assert checkpoint._DETACHED == {}
 
 
 def _params(fn):
@@ -30,14 +33,21 @@ def _params(fn):
 def test_signatures_are_flashinfers():
     assert _params(fi.MoeAlltoAll.__init__) == [
         "mapping", "max_num_tokens", "top_k", "num_experts", "workspace_size_per_rank", "hidden_size",
-        "mnnvl_config", "eplb_stats_num_experts", "enable_rank_mask"]
+        "mnnvl_config", "eplb_stats_num_experts", "enable_rank_mask", "backend"]
     assert _params(fi.MoeAlltoAll.dispatch) == [
         "token_selected_experts", "input_payloads", "runtime_max_tokens_per_rank", "invalid_token_expert_id",
         "expert_id_payload_index", "eplb_local_stats", "active_rank_mask"]
+    assert inspect.signature(fi.MoeAlltoAll.__init__).parameters["backend"].kind == inspect.Parameter.KEYWORD_ONLY
+    # FlashInfer 0.7.2's order: the fourth positional is output_dtype, output the eighth; the last two keyword-only
     combine = inspect.signature(fi.MoeAlltoAll.combine).parameters
-    assert list(combine)[1:6] == ["payload", "runtime_max_tokens_per_rank", "payload_in_workspace", "output",
-                                  "use_low_precision"]
-    assert "output" in combine  # vLLM looks for it before passing its output buffer
+    assert _params(fi.MoeAlltoAll.combine) == [
+        "payload", "runtime_max_tokens_per_rank", "payload_in_workspace", "output_dtype", "output_scales",
+        "output_scalar_scale", "sf_layout", "output", "use_low_precision", "active_rank_mask"]
+    assert [p.name for p in combine.values() if p.kind == inspect.Parameter.KEYWORD_ONLY] == [
+        "use_low_precision", "active_rank_mask"]
+    assert combine["sf_layout"].default == fi.SF_LAYOUT_LINEAR == 2  # FlashInfer's SfLayout.layout_linear
+    assert _params(fi.MoeAlltoAll.checkpoint_prepare) == []
+    assert _params(fi.MoeAlltoAll.checkpoint_restore) == ["comm_backend"]
     assert _params(fi.MoeAlltoAll.get_combine_payload_tensor_in_workspace) == [
         "runtime_max_tokens_per_rank", "hidden_size", "dtype"]
     assert _params(fi.moe_a2a_get_workspace_size_per_rank) == [
@@ -102,7 +112,16 @@ def test_sglang_sizes_share_one_workspace_and_the_draft_gets_its_own():
     assert group.allocations == 2
     ptrs = {layer.workspace.data_ptr() for layer in layers[0]}
     assert len(ptrs) == 2
-    for layer in layers[0]:
+    # FlashInfer's cache key holds max_num_tokens and the backend too: either change gets a workspace of its own
+    more = group.run(lambda rank, comm: [
+        fi.MoeAlltoAll(mapping(rank), max_tokens // 2, top_k, 16, size,
+                       mnnvl_config=fi.MnnvlConfig(comm_backend=comm.comm_backend())),
+        fi.MoeAlltoAll(mapping(rank), max_tokens, top_k, 16, size, backend="cake",
+                       mnnvl_config=fi.MnnvlConfig(comm_backend=comm.comm_backend()))])
+    assert group.allocations == 4
+    for rank in range(ep):
+        layers[rank] += more[rank]
+    for layer in layers[0][:43]:
         assert layer._a2a.config.dispatch_bytes_per_token == bf16
         assert layer._a2a.config.combine_bytes_per_token == hidden * 2
         assert layer._a2a.config.max_num_tokens == max_tokens
@@ -143,6 +162,8 @@ def test_sizes_computed_by_hand():
 def test_unsupported_constructor_arguments(kwargs, argument):
     with pytest.raises(NotImplementedError, match=argument):
         fi.MoeAlltoAll(fi.Mapping(), 16, 2, 4, hidden_size=256, **kwargs)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fi.MoeAlltoAll(fi.Mapping(), 16, 2, 4, hidden_size=256, backend="nccl")
     with pytest.raises(NotImplementedError, match="eplb_stats_num_experts"):
         fi.moe_a2a_get_workspace_size_per_rank(2, 16, 64, 64, eplb_stats_num_experts=4)
 
@@ -209,3 +230,91 @@ def test_comm_backend_adapter_over_engine_shaped_backends(tmp_path):
 
 def test_torch_dist_backend_split(tmp_path):
     spawn("split", 4, tmp_path)
+
+
+class _OtherRank:
+    """A CommBackend of the right size whose ranks are numbered differently."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def Get_rank(self):
+        return (self.backend.Get_rank() + 1) % self.backend.Get_size()
+
+    def Get_size(self):
+        return self.backend.Get_size()
+
+    def allgather(self, data):
+        return self.backend.allgather(data)
+
+
+def test_checkpoint_on_simulated_ranks():
+    """Through any layer of a workspace, on every rank: prepare releases that workspace only (here: this rank's rows
+    poisoned, the simulated memory being one tensor), calls until restore raise, restore re-initializes it as a
+    fresh workspace at the same address over the new communicator; repeated calls are no-ops."""
+    ep, max_tokens, top_k = 2, 16, 4
+    size = fi.moe_a2a_get_workspace_size_per_rank(ep, max_tokens, 256 * 2 + top_k * 8, 256 * 2)
+    group = SimulatedGroup(ep, "cpu")
+    mapping = lambda r: fi.Mapping(ep, r, 8, tp_size=ep, moe_ep_size=ep)  # noqa: E731
+    layers = _compat_layers(group, mapping, [(max_tokens, top_k, 8, size)] * 3 + [(max_tokens, top_k, 8, size + 128)])
+    shared = [rank[0]._a2a._shared for rank in layers]
+    workspace, draft = layers[0][0].workspace, layers[0][3].workspace
+    address = workspace.data_ptr()
+    end = int(shared[0].metainfo[F.get_metainfo_index_pairs()["routing_offset"]])
+    fresh = F.empty_workspace(ep, workspace.shape[1], "cpu")
+    for rank in range(ep):
+        F.initialize(fresh, rank, shared[rank].config)
+    workspace.fill_(7)  # the epochs, signals and rows of steps run before
+    draft_before = draft.clone()
+
+    group.run(lambda rank, comm: layers[rank][1].checkpoint_prepare())
+    group.run(lambda rank, comm: layers[rank][2].checkpoint_prepare())  # released already: a no-op
+    assert bool((workspace == checkpoint.POISON_BYTE).all())
+    assert torch.equal(draft, draft_before)  # another workspace (SGLang's draft model's) is untouched
+    a2a = layers[0][0]
+    ids = torch.zeros(4, top_k, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"dispatch: the workspace was released by checkpoint_prepare\(\)"):
+        a2a.dispatch(ids, [torch.zeros(4, 256, dtype=torch.bfloat16), ids], max_tokens)
+    with pytest.raises(RuntimeError, match="get_combine_payload_tensor_in_workspace: the workspace was released"):
+        a2a.get_combine_payload_tensor_in_workspace(max_tokens, 256, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="combine: the workspace was released"):
+        a2a.combine(torch.zeros(ep, max_tokens, 256, dtype=torch.bfloat16), max_tokens)
+    with pytest.raises(RuntimeError, match="would share was released by checkpoint_prepare"):
+        _compat_layers(group, mapping, [(max_tokens, top_k, 8, size)])
+    with pytest.raises(RuntimeError, match="comm_backend is rank 1 of 2, but the workspace was built by rank 0"):
+        a2a.checkpoint_restore(_OtherRank(SimulatedGroup(ep, "cpu").communicator(0).comm_backend()))
+
+    old_comms = [s.comm for s in shared]
+    backends = group.run(lambda rank, comm: comm.comm_backend())
+    group.run(lambda rank, comm: layers[rank][2].checkpoint_restore(backends[rank]))
+    group.run(lambda rank, comm: layers[rank][0].checkpoint_restore(comm.comm_backend()))  # restored: a no-op
+    assert workspace.data_ptr() == address
+    assert torch.equal(workspace[:, :end], fresh[:, :end])  # the contract of a fresh workspace
+    for rank in range(ep):
+        assert shared[rank].comm is not old_comms[rank] and shared[rank].comm.backend is backends[rank]
+        assert all(layer._a2a.comm is shared[rank].comm for layer in layers[rank][:3])
+        assert shared[rank].order.state == "idle" and shared[rank].pending is None
+    _destroy(group, layers)
+
+
+def test_checkpoint_refused_while_a_dispatch_is_pending_and_destroy_between():
+    group = SimulatedGroup(1, "cpu")
+    (a2a,), = _compat_layers(group, lambda r: fi.Mapping(), [(16, 2, 4, None, 256)])
+    shared = a2a._a2a._shared
+    shared.pending = (4, 16, torch.zeros(1, dtype=torch.int32))  # what a dispatch leaves (GPU only)
+    shared.order.advance("dispatch")
+    with pytest.raises(RuntimeError, match=r"checkpoint_prepare failed on ranks \[0\].*dispatched step pending"):
+        a2a.checkpoint_prepare()
+    assert not checkpoint.is_detached(shared)
+    shared.pending = None
+    shared.order.reset()
+    a2a.checkpoint_prepare()
+    assert checkpoint.is_detached(shared)
+    a2a.destroy()  # between prepare and restore: frees it, and forgets it was released
+    assert not checkpoint.is_detached(shared) and shared.allocation is None
+    with pytest.raises(RuntimeError, match="checkpoint_prepare: this MoeAlltoAll was destroyed"):
+        a2a.checkpoint_prepare()
+
+
+def test_checkpoint_over_gloo_ranks_with_a_new_communicator(tmp_path):
+    spawn("checkpoint", 2, tmp_path)

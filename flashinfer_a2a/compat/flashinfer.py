@@ -3,18 +3,20 @@ line and nothing else::
 
     from flashinfer_a2a.compat.flashinfer import Mapping, MnnvlConfig, MoeAlltoAll, moe_a2a_get_workspace_size_per_rank
 
-Same names, signatures (positional and keyword) and call sequence. Where we differ on purpose (documented in
-``docs/integration.md``): int64 ids are accepted; id -1 means "no expert" and is skipped (FlashInfer sends it to rank
-0); combine sums in increasing rank order in fp32 (bitwise reproducible); ``use_low_precision=True`` sends FP8 with
-one fp32 scale per 128 elements. Arguments we do not support (EPLB statistics, rank masks, quantized combine
-output, scale layouts) raise ``NotImplementedError`` naming the argument. The communicator is used through
-``Get_rank``, ``Get_size``, ``allgather`` and ``Split`` only.
+Same names, signatures (positional and keyword, as in FlashInfer 0.7.2) and call sequence, checkpoint and restore
+included (:meth:`MoeAlltoAll.checkpoint_prepare`, :meth:`MoeAlltoAll.checkpoint_restore`). Where we differ on purpose
+(documented in ``docs/integration.md``): int64 ids are accepted; id -1 means "no expert" and is skipped (FlashInfer
+sends it to rank 0); combine sums in increasing rank order in fp32 (bitwise reproducible); ``use_low_precision=True``
+sends FP8 with one fp32 scale per 128 elements. Arguments we do not support (EPLB statistics, rank masks, quantized
+combine output, scale layouts other than linear) raise ``NotImplementedError`` naming the argument. The communicator
+is used through ``Get_rank``, ``Get_size``, ``allgather`` and ``Split`` only.
 
 Workspace sizes: :func:`moe_a2a_get_workspace_size_per_rank` returns our size for the given split of dispatch and
 combine bytes and remembers the split; the constructor maps a ``workspace_size_per_rank`` back onto a
 :class:`flashinfer_a2a.functional.WorkspaceConfig` (see :func:`split_workspace_size`). Workspaces are shared by
-every ``MoeAlltoAll`` of the process with the same EP rank, EP size and ``workspace_size_per_rank``, as FlashInfer
-caches them: SGLang's per-layer dispatchers share one, its draft model (size + 128) gets its own.
+every ``MoeAlltoAll`` of the process with the same ``workspace_size_per_rank``, EP rank, EP size, ``max_num_tokens``
+and ``backend``, the key of FlashInfer's workspace cache (its ``eplb_stats_num_experts`` is always 0 here): SGLang's
+per-layer dispatchers share one, its draft model (size + 128) gets its own.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from .. import functional as F
 from ..moe_alltoall import MoeAlltoAll as _NativeMoeAlltoAll
+from . import checkpoint
 from .comm_backend import CommBackend, CommBackendCommunicator, Mapping, MnnvlConfig, TorchDistBackend
 
 __all__ = [
@@ -46,6 +49,11 @@ class _Split:
     dispatch_bytes_per_token: int
     combine_bytes_per_token: int
 
+
+# FlashInfer's SfLayout.layout_linear (an IntEnum equal to 2), the default scale layout of a combine output.
+SF_LAYOUT_LINEAR = 2
+# FlashInfer's kernel backends: both are the one-sided NVLink all-to-all, which our kernels implement.
+BACKENDS = ("trtllm", "cake")
 
 # Splits asked of moe_a2a_get_workspace_size_per_rank in this process, by the size it returned. Every rank computes
 # the same sizes in the same order, so every rank maps a size back alike.
@@ -117,12 +125,16 @@ class MoeAlltoAll:
         hidden_size: required without ``workspace_size_per_rank``.
         mnnvl_config: its ``comm_backend`` (a :class:`CommBackend`) is the communicator.
         eplb_stats_num_experts, enable_rank_mask: not supported (``NotImplementedError`` unless 0 / False).
+        backend: FlashInfer's kernel choice, ``"trtllm"`` or ``"cake"``: both run our kernels here, and, as in
+            FlashInfer, instances of different backends never share a workspace.
     """
 
     def __init__(self, mapping: Mapping, max_num_tokens: int, top_k: int, num_experts: int,
                  workspace_size_per_rank: Optional[int] = None, hidden_size: Optional[int] = None,
                  mnnvl_config: Optional[MnnvlConfig] = None, eplb_stats_num_experts: int = 0,
-                 enable_rank_mask: bool = False) -> None:
+                 enable_rank_mask: bool = False, *, backend: str = "trtllm") -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if eplb_stats_num_experts:
             raise _unsupported("eplb_stats_num_experts", eplb_stats_num_experts, "EPLB statistics gathering")
         if enable_rank_mask:
@@ -145,12 +157,18 @@ class MoeAlltoAll:
                              f"{comm.size}: pass a comm_backend over the MoE EP group")
         self.workspace_size_per_rank, self.max_num_tokens = workspace_size_per_rank, max_num_tokens
         self.top_k, self.num_experts, self.hidden_size = top_k, num_experts, hidden_size
-        self.eplb_stats_num_experts, self.enable_rank_mask = 0, False
+        self.eplb_stats_num_experts, self.enable_rank_mask, self.backend = 0, False, backend
+        # FlashInfer's cache key (size, EP rank, EP size, max tokens, EPLB experts, backend); rank and size are in
+        # the shared workspace's own key.
+        namespace = f"flashinfer-compat:{workspace_size_per_rank}:{max_num_tokens}:{backend}"
+        if checkpoint.detached_like((comm.workspace_group_key, comm.size, comm.rank, namespace)):
+            raise RuntimeError("MoeAlltoAll: the workspace this layer would share was released by "
+                               "checkpoint_prepare(); call checkpoint_restore(comm_backend) first")
         self._a2a = _NativeMoeAlltoAll(comm, max_num_tokens=max_num_tokens, top_k=top_k, num_experts=num_experts,
                                        hidden_size=hidden_size, dispatch_bytes_per_token=dispatch_bytes,
-                                       combine_bytes_per_token=combine_bytes,
-                                       namespace=f"flashinfer-compat:{workspace_size_per_rank}",
+                                       combine_bytes_per_token=combine_bytes, namespace=namespace,
                                        transport="nvlink")  # FlashInfer's MoeAlltoAll is the one-sided NVLink one
+        checkpoint.register(self._a2a._shared, self._a2a)
 
     @staticmethod
     def _ep_backend(mapping: Mapping, config: Optional[MnnvlConfig]) -> Any:
@@ -200,6 +218,7 @@ class MoeAlltoAll:
         if expert_id_payload_index is not None and not 0 <= expert_id_payload_index < len(input_payloads):
             raise ValueError(f"expert_id_payload_index={expert_id_payload_index} is not an index of the "
                              f"{len(input_payloads)} input_payloads")
+        self._check_attached("dispatch")
         recv, counts = self._a2a.dispatch(token_selected_experts, list(input_payloads), runtime_max_tokens_per_rank)
         if invalid_token_expert_id is not None:
             F.sanitize_expert_ids(recv[expert_id_payload_index], counts, int(invalid_token_expert_id))
@@ -209,27 +228,32 @@ class MoeAlltoAll:
                                                 dtype: torch.dtype) -> torch.Tensor:
         """The zero-copy combine payload ``[ep_size, runtime_max_tokens_per_rank, hidden_size]`` of the pending
         dispatch: write the expert outputs here and call :meth:`combine` with ``payload_in_workspace=True``."""
+        self._check_attached("get_combine_payload_tensor_in_workspace")
         self._check_runtime_max(runtime_max_tokens_per_rank, "get_combine_payload_tensor_in_workspace")
         return self._a2a.combine_input(hidden_size, dtype)
 
     def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int, payload_in_workspace: bool = False,
-                output: Optional[torch.Tensor] = None, use_low_precision: bool = False, *,
                 output_dtype: Optional[torch.dtype] = None, output_scales: Optional[torch.Tensor] = None,
-                output_scalar_scale: float = 1.0, sf_layout: Any = None,
+                output_scalar_scale: float = 1.0, sf_layout: Any = SF_LAYOUT_LINEAR,
+                output: Optional[torch.Tensor] = None, *, use_low_precision: bool = False,
                 active_rank_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Returns ``[local_num_tokens, hidden]``: each token's rows of ``payload`` ``[ep_size,
         runtime_max_tokens_per_rank, hidden]`` summed over the ranks it went to (increasing rank order, fp32), into
-        ``output`` if given. ``use_low_precision``: the partials cross NVLink as FP8 with fp32 block scales."""
+        ``output`` if given. ``use_low_precision``: the partials cross NVLink as FP8 with fp32 block scales.
+
+        FlashInfer's parameter order: the fourth positional argument is ``output_dtype`` (only the payload's dtype
+        or None here), ``output`` the eighth; pass ``output`` by keyword."""
         if output_dtype is not None and output_dtype != payload.dtype:
             raise _unsupported("output_dtype", output_dtype, "a combine output dtype other than the payload's")
         if output_scales is not None:
             raise _unsupported("output_scales", "<tensor>", "a quantized combine output")
         if output_scalar_scale != 1.0:
             raise _unsupported("output_scalar_scale", output_scalar_scale, "a quantized combine output")
-        if sf_layout is not None:
-            raise _unsupported("sf_layout", sf_layout, "a scale-factor layout for the combine output")
+        if sf_layout is not None and sf_layout != SF_LAYOUT_LINEAR:
+            raise _unsupported("sf_layout", sf_layout, "a scale-factor layout other than linear")
         if active_rank_mask is not None:
             raise _unsupported("active_rank_mask", "<tensor>", "masking ranks out")
+        self._check_attached("combine")
         self._check_runtime_max(runtime_max_tokens_per_rank, "combine")
         want = (self.ep_size, runtime_max_tokens_per_rank)
         if payload.dim() != 3 or tuple(payload.shape[:2]) != want:
@@ -247,11 +271,48 @@ class MoeAlltoAll:
         return self._a2a.combine(None if in_workspace else payload, out=output,
                                  quant_format="fp8_block" if use_low_precision else None)
 
+    def checkpoint_prepare(self) -> None:
+        """Releases the memory of this instance's workspace before the process is checkpointed, keeping its
+        virtual addresses: waits for this rank's kernels, then every rank unmaps every rank's memory and releases
+        its allocation. Collective; a no-op if already released. Raises RuntimeError on every rank, releasing
+        nothing, while any rank has a dispatch awaiting its combine on this workspace.
+
+        Covers every ``MoeAlltoAll`` sharing the workspace (call it on any one of them; a process with several
+        workspaces, e.g. a draft model's, calls it once per workspace). Until :meth:`checkpoint_restore`,
+        ``dispatch``, ``combine`` and the zero-copy payload raise, and neither the workspace tensor nor a view of it
+        may be read, nor a CUDA graph holding them replayed."""
+        checkpoint.detach(self._live_shared("checkpoint_prepare"))
+
+    def checkpoint_restore(self, comm_backend: CommBackend) -> None:
+        """Maps new memory at the workspace's old addresses after the process was restored, over ``comm_backend``
+        (a :class:`CommBackend` of the same rank and size as the one the workspace was built with; the workspace
+        uses it from now on), and re-initializes it as a fresh workspace. Collective; a no-op unless
+        :meth:`checkpoint_prepare` released the memory.
+
+        Every ``MoeAlltoAll`` sharing the workspace is usable again: tensors, receive views, compiled and captured
+        CUDA graphs made before keep their addresses, but the rows received before the checkpoint are gone: dispatch
+        again. RuntimeError if the communicator's rank or size differ (before any collective), or if a rank could
+        not map its memory (then on every rank, and the workspace stays released)."""
+        checkpoint.attach(self._live_shared("checkpoint_restore"), CommBackendCommunicator(comm_backend))
+
     def destroy(self) -> None:
-        """Releases the workspace (the last user of a shared one frees it). Collective."""
+        """Releases the workspace (the last user of a shared one frees it). Collective. Works between
+        :meth:`checkpoint_prepare` and :meth:`checkpoint_restore` too."""
+        shared = self._a2a._shared
         self._a2a.destroy()
+        if shared is not None and shared.allocation is None:
+            checkpoint.forget(shared)
 
     _reset_workspace = destroy
+
+    def _live_shared(self, what: str):
+        if self._a2a._shared is None:
+            raise RuntimeError(f"MoeAlltoAll.{what}: this MoeAlltoAll was destroyed")
+        return self._a2a._shared
+
+    def _check_attached(self, what: str) -> None:
+        if self._a2a._shared is not None:
+            checkpoint.check_attached(self._a2a._shared, what)
 
     def _check_runtime_max(self, runtime_max: int, what: str) -> None:
         """The pending dispatch (of this shared workspace) used ``runtime_max``; RuntimeError without one."""
