@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +38,27 @@ def checkout_cache() -> Path:
     return Path.home() / ".cache" / "flashinfer_a2a_tests" / hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
 
 
+@contextlib.contextmanager
+def on_terminal(config: pytest.Config) -> Iterator[None]:
+    """Lets what the block prints reach the terminal, on a line of its own, past pytest's output capture.
+
+    For the compiles that hold up a first run: the library alone takes minutes on a 2-core machine, and the JIT's
+    lines saying so (stderr) would otherwise be captured while the progress line sits still.
+    """
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        if terminal is not None:
+            terminal.write("\n")
+        yield
+
+
 @pytest.fixture(scope="session")
-def a2a_build(tmp_path_factory, checkout_cache) -> SharedBuild:
-    """The real flashinfer_a2a_ops, JIT-built for sm_90a and sm_100a in :func:`checkout_cache`."""
+def a2a_build(request, tmp_path_factory, checkout_cache) -> SharedBuild:
+    """The real flashinfer_a2a_ops, JIT-built for sm_90a and sm_100a in :func:`checkout_cache`.
+
+    A build prints the JIT's start and end lines on the terminal; a session that finds it built prints nothing.
+    """
     env = {
         "FLASHINFER_A2A_CUDA_ARCH_LIST": "9.0a 10.0a",
         "FLASHINFER_A2A_CACHE_DIR": str(checkout_cache),
@@ -49,7 +69,11 @@ def a2a_build(tmp_path_factory, checkout_cache) -> SharedBuild:
         set_jit_env(mp, env)
         spec = gen_a2a_module()
         start = time.monotonic()
-        spec.build()
+        if spec.needs_build():
+            with on_terminal(request.config):
+                spec.build()
+        else:
+            spec.build()
         seconds = time.monotonic() - start
         return SharedBuild(spec, env, spec.jit_library_path, spec.build_dir, seconds)
 

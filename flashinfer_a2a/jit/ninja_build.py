@@ -8,7 +8,8 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,12 +92,31 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
+#: How long a lock may stay busy before ``file_lock`` calls ``on_wait``: a process that finds the library built holds
+#: the lock for a dry run of ninja (tens of ms), which is not worth a line; a compile holds it for minutes.
+QUIET_WAIT_S = 2.0
+
+
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock across processes, held while the block runs (fcntl.flock; released if the process dies)."""
+def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """An exclusive lock across processes, held while the block runs (fcntl.flock; released if the process dies).
+
+    ``on_wait`` is called once if another process still holds the lock after :data:`QUIET_WAIT_S`.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        deadline = time.monotonic() + QUIET_WAIT_S
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    if on_wait is not None:
+                        on_wait()
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                    break
+                time.sleep(0.05)
         try:
             yield
         finally:

@@ -77,6 +77,12 @@ class JitSpec:
         target = self.ninja_target(self.build_dir, self.jit_library_path, config.cuda_arch_list())
         return ninja_build.write_if_changed(self.build_dir / "build.ninja", ninja_build.render([target]))
 
+    def needs_build(self) -> bool:
+        """Whether :meth:`build` would compile or link anything now (ninja's dry run; writes build.ninja)."""
+        with ninja_build.file_lock(self.build_dir / ".lock"):
+            self.write_ninja()
+            return ninja_build.has_work(self.build_dir)
+
     def build(self) -> bool:
         """Bring the JIT library up to date; True if anything was compiled or linked.
 
@@ -84,7 +90,12 @@ class JitSpec:
         compiles and the others find it built.
         """
         build_dir = self.build_dir
-        with ninja_build.file_lock(build_dir / ".lock"):
+
+        def waiting() -> None:
+            # One rank compiles while the others of a job wait here; without this line they would stall unexplained.
+            _say(f"flashinfer_a2a: waiting for another process to finish building {self.name} in {build_dir}")
+
+        with ninja_build.file_lock(build_dir / ".lock", on_wait=waiting):
             self.write_ninja()
             # Asked under the lock, so a process that waited while another compiled says nothing.
             if not ninja_build.has_work(build_dir):

@@ -12,14 +12,16 @@ from .. import config
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
-#: What a user without the JIT's build tools is told to run: the ``jit`` extra carries ninja and nvidia-cutlass, which
-#: a wheel with prebuilt libraries does not need (about 250 MB with what they pull in).
-JIT_EXTRA_INSTALL = "pip install 'flashinfer_a2a[jit]'"
+#: What a user without the JIT's build tools is told to run. It names the packages of the ``jit`` extra rather than
+#: the extra itself: ``pip install 'flashinfer_a2a[jit]'`` only works where an index serves flashinfer_a2a, and this
+#: command works alike for a checkout, an installed wheel and any other install. A wheel with prebuilt libraries
+#: needs neither package (about 250 MB with what they pull in).
+JIT_TOOLS_INSTALL = "pip install ninja nvidia-cutlass"
 
 
 def _missing_jit_tool(what: str) -> RuntimeError:
     return RuntimeError(
-        f"compiling flashinfer_a2a's CUDA library needs {what}, which is not installed: {JIT_EXTRA_INSTALL} "
+        f"compiling flashinfer_a2a's CUDA library needs {what}, which is not installed: {JIT_TOOLS_INSTALL} "
         "(or use prebuilt libraries: a wheel built after `python aot.py`, or FLASHINFER_A2A_AOT_DIR)"
     )
 
@@ -50,10 +52,6 @@ def cutlass_include_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise _missing_jit_tool("the CUTLASS headers (package nvidia-cutlass)")
     return Path(next(iter(spec.submodule_search_locations))) / "source" / "include"
-
-
-def tvm_ffi_lib_dir() -> Path:
-    return Path(tvm_ffi.libinfo.find_libtvm_ffi()).resolve().parent
 
 
 def default_include_dirs() -> list[Path]:
@@ -107,28 +105,46 @@ def cuda_cflags(archs: list[str], extra_include_dirs: list[Path], extra_cflags: 
     flags += gencode_flags(archs)
     # dict.fromkeys: drop repeats (tvm-ffi ships dlpack in its own include dir) and keep the search order.
     flags += [f"-I{d}" for d in dict.fromkeys([*extra_include_dirs, *default_include_dirs()])]
+    flags += [f"-Xcompiler=-ffile-prefix-map={old}={new}" for old, new in file_prefix_map()]
     flags += extra_cflags
     return flags
 
 
+def file_prefix_map() -> list[tuple[str, str]]:
+    """(directory + "/", what it becomes) for every tree the sources and headers come from.
+
+    ``__FILE__`` in our error checks and in tvm-ffi's headers would otherwise put the build machine's paths into the
+    library (14 of them, e.g. /home/<user>/flashinfer_a2a/csrc/combine.cu): a wheel built in another directory would
+    differ in those bytes, and it would show where it was built. Mapped, they read ``csrc/combine.cu`` and
+    ``tvm_ffi/include/tvm/ffi/any.h``. GCC and clang try the last matching option first, so the longest directory
+    (the checkout may sit inside site-packages, as an installed wheel's ``_data/`` does) comes last.
+    """
+    trees = [(Path(tvm_ffi.__file__).parent.parent, ""), (config.cuda_home(), "cuda/"), (source_root(), "")]
+    cutlass = importlib.util.find_spec("cutlass_library")
+    if cutlass is not None and cutlass.submodule_search_locations:
+        trees.append((Path(next(iter(cutlass.submodule_search_locations))).parent, ""))
+    # Both spellings: a header's path is the include dir's as given, which may run through a symlink.
+    pairs = {f"{path}/": new for tree, new in trees for path in (tree.absolute(), tree.resolve())}
+    return sorted(pairs.items(), key=lambda pair: len(pair[0]))
+
+
 def ldflags(extra_ldflags: list[str]) -> list[str]:
-    tvm_lib = tvm_ffi_lib_dir()
     return [
-        # A source missing from a spec fails here, naming the symbol, rather than later at dlopen.
-        "-Wl,--no-undefined",
-        f"-L{tvm_lib}",
-        "-ltvm_ffi",
+        # No DT_NEEDED entry for libtvm_ffi.so and no run path: the libraries are only loaded by
+        # tvm_ffi.load_module, after `import tvm_ffi` loaded libtvm_ffi.so with RTLD_GLOBAL, and their tvm-ffi symbols
+        # bind to it (as a Python extension module's bind to the interpreter without linking libpython). A wheel then
+        # names only glibc, libstdc++ and libgcc_s, all within the manylinux policy, so `auditwheel show` accepts it
+        # as it is; with the entry auditwheel calls it linux_x86_64. The price is that the linker no longer reports
+        # an undefined symbol (a source missing from a spec): tests/jit/test_modules.py checks that every undefined
+        # symbol is libtvm_ffi's or versioned by a system library, and dlopen names any other.
         f"-L{config.cuda_home() / 'lib64'}",
         # Static cudart: the library then loads on a GPU box whatever libcudart (or none) is installed there.
         "-lcudart_static",
         "-ldl",
         "-lrt",
         "-lpthread",
-        # No absolute run path: a wheel must not carry the build machine's paths. None is needed in-process either:
-        # the libraries are only loaded by tvm_ffi.load_module, after `import tvm_ffi` loaded libtvm_ffi.so, and
-        # the dynamic loader matches our DT_NEEDED entry to that already loaded SONAME. The relative entry lets
-        # `ldd` of a library installed from a wheel (site-packages/flashinfer_a2a/_aot/<name>/<name>.so) find
-        # site-packages/tvm_ffi/lib wherever the environment lives.
-        "-Wl,-rpath,$ORIGIN/../../../tvm_ffi/lib",
+        # Drop local symbols: nvcc names each object's static initializer after its temporary file, whose name holds
+        # nvcc's process id, so two builds of one checkout would differ in those bytes.
+        "-Wl,--discard-all",
         *extra_ldflags,
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,28 @@ def test_file_lock_excludes_other_processes(tmp_path):
     with ninja_build.file_lock(lock):
         assert not _other_process_can_lock(lock)
     assert _other_process_can_lock(lock)
+
+
+def test_file_lock_says_when_it_waits_for_another_process(tmp_path, monkeypatch):
+    lock = tmp_path / ".lock"
+    lock.touch()
+    # Another process holds the lock for a second, as a rank compiling the library holds it for minutes.
+    code = ("import fcntl, sys, time\n"
+            f"f = open({str(lock)!r}, 'a')\n"
+            "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(1.0)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    monkeypatch.setattr(ninja_build, "QUIET_WAIT_S", 0.2)
+    waits = []
+    start = time.monotonic()
+    with ninja_build.file_lock(lock, on_wait=lambda: waits.append(1)):
+        assert time.monotonic() - start > 0.5, "the lock was taken only once the holder let go"
+    assert waits == [1]
+    holder.wait()
+    # A free lock, or one freed within QUIET_WAIT_S (a process that found the library built), says nothing.
+    with ninja_build.file_lock(lock, on_wait=lambda: waits.append(1)):
+        pass
+    assert waits == [1]
 
 
 def test_run_reports_whether_ninja_had_work(tmp_path):

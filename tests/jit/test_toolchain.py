@@ -43,14 +43,27 @@ def test_cutlass_headers_are_found():
     assert (toolchain.cutlass_include_dir() / "cutlass" / "cutlass.h").is_file()
 
 
-def test_ldflags_link_cudart_statically():
+def test_ldflags_link_cudart_statically_and_name_no_tvm_ffi_library():
     flags = toolchain.ldflags(["-lextra"])
     assert "-lcudart_static" in flags and "-lcudart" not in flags
-    assert "-ltvm_ffi" in flags
-    # A wheel must not carry the build machine's paths: the only run path is relative to the library.
-    rpaths = [f.split(",", 2)[2] for f in flags if f.startswith("-Wl,-rpath,")]
-    assert rpaths == ["$ORIGIN/../../../tvm_ffi/lib"]
+    # libtvm_ffi.so is bound at load time (tvm_ffi loads it RTLD_GLOBAL first): no DT_NEEDED entry that auditwheel
+    # would take for a library outside the manylinux policy, and no run path of the build machine.
+    assert not [f for f in flags if "tvm_ffi" in f or "rpath" in f]
+    assert "-Wl,--discard-all" in flags, "nvcc's temporary file names stay out of the library"
     assert flags[-1] == "-lextra"
+
+
+def test_cflags_map_every_source_tree_to_a_relative_name():
+    flags = toolchain.cuda_cflags(["9.0a"], [], [])
+    maps = [f.split("=", 2)[2] for f in flags if f.startswith("-Xcompiler=-ffile-prefix-map=")]
+    pairs = dict(m.rsplit("=", 1) for m in maps)
+    assert pairs[f"{REPO}/"] == ""
+    assert pairs[f"{Path(tvm_ffi.libinfo.find_include_path()).parents[1]}/"] == ""
+    assert pairs[f"{toolchain.cutlass_include_dir().parents[2]}/"] == ""
+    assert pairs[f"{toolchain.config.cuda_home()}/"] == "cuda/"
+    # The last matching option wins in GCC and clang: a longer directory (a wheel's _data/ inside site-packages)
+    # must come after the shorter one that contains it.
+    assert [len(m.rsplit("=", 1)[0]) for m in maps] == sorted(len(m.rsplit("=", 1)[0]) for m in maps)
 
 
 def test_missing_nvcc_says_how_to_point_at_one(monkeypatch, tmp_path):
