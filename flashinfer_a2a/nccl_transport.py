@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Optional, Sequence
 
 import torch
 
 from . import nccl_traced as traced
 from .reference import quant
-from .validation import check_topk_ids_on_host
+from .validation import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
 from .wire_formats import WireFormat, check_combine_format, wire_format
 
 TRANSPORTS = ("auto", "nvlink", "nccl")
@@ -84,9 +85,28 @@ def resolve_transport(comm: Any, transport: str, device: Any = None) -> str:
     caps = [json.loads(b) for b in comm.allgather(json.dumps(symm_mem._capabilities(index)).encode())]
     try:
         symm_mem.choose_handle_type(caps)
-    except RuntimeError:
+    except RuntimeError as exc:
+        _say_fallback(comm, str(exc).removesuffix(symm_mem.NCCL_HINT).strip())
         return "nccl"
     return "nvlink"
+
+
+_fallback_said = False
+
+
+def _say_fallback(comm: Any, reason: str) -> None:
+    """A warning, once per process and on rank 0 only, that ``auto`` fell back from NVLink to NCCL on GPUs.
+
+    Once: an engine builds a ``MoeAlltoAll`` per MoE layer, and every one decides alike. Only on GPUs: on a CPU
+    device ``nccl`` is the only transport there is, not a fallback.
+    """
+    global _fallback_said
+    if _fallback_said or getattr(comm, "rank", 0) != 0:
+        return
+    _fallback_said = True
+    warnings.warn(f"flashinfer_a2a: transport='auto' runs over NCCL (the process group's collectives), not "
+                  f"one-sided NVLink: {reason} Pass transport='nccl' to choose it explicitly and silence this.",
+                  stacklevel=3)
 
 
 def _is_cpu(device: Any) -> bool:
@@ -256,6 +276,7 @@ class NcclTransport:
     def _check_dispatch(self, topk_ids, payloads, runtime_max, quant_format, global_scale,
                         swizzled_scales) -> Optional[WireFormat]:
         """The checks (and messages) of the NVLink path's dispatch, all before any collective."""
+        check_dispatch_inputs(topk_ids, payloads)
         if not 0 <= runtime_max <= self.max_num_tokens:
             raise ValueError(f"runtime_max_tokens_per_rank={runtime_max} exceeds max_num_tokens="
                              f"{self.max_num_tokens} this MoeAlltoAll was built for")
@@ -406,6 +427,7 @@ class NcclTransport:
         """``out[t]`` = the partials of the ranks token t went to, summed in increasing rank order in fp32, cast
         to the partials' dtype. ``quant_format="fp8_block"``: partials for other ranks cross as FP8 with an fp32
         scale per 128 (a rank's own stay exact), as :func:`flashinfer_a2a.reference.quant.reference_combine_fp8`."""
+        check_combine_tensors(partials, out)
         pending = self._require_pending("combine")
         ep_size, rm, n = self.ep_size, pending.runtime_max, pending.num_tokens
         if partials is None:

@@ -25,9 +25,10 @@ from .fd_exchange import allgather_fds, host_id
 from .lifecycle import bounded
 
 NCCL_HINT = (
-    "flashinfer_a2a needs every rank's GPU to load and store to every other's memory (NVLink or PCIe peer access). "
-    "Where GPUs cannot, use an NCCL all-to-all instead (torch.distributed.all_to_all_single, or the engine's NCCL "
-    "backend)."
+    "The nvlink transport needs every rank's GPU to load and store to every other's memory (NVLink or PCIe peer "
+    "access). Where GPUs cannot, build MoeAlltoAll with transport='nccl': the same calls and results over the "
+    "process group's NCCL collectives (transport='auto' picks it by itself when the ranks cannot share memory "
+    "handles; docs/multi_node.md)."
 )
 
 

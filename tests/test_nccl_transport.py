@@ -1,6 +1,8 @@
 """The nccl transport on CPU: its local steps against the reference, and MoeAlltoAll(transport="nccl") on 2 and 4
 spawned gloo ranks, bitwise against flashinfer_a2a.reference (quantized formats against the reference quantizers)."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -112,3 +114,43 @@ def test_fp8_block_scale_is_a_true_division():
     amax = x.abs().view(64, 8, 128).amax(-1).numpy()
     assert np.array_equal(scales.numpy(), amax / np.float32(448.0))
     assert not np.array_equal(scales.numpy(), amax * (np.float32(1.0) / np.float32(448.0)))
+
+
+class _GpuRanks:
+    """A communicator of two GPU ranks, seen from ``rank``, whose GPUs share no memory handle type."""
+
+    size = 2
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def allgather(self, data):
+        return [bytes(data)] * self.size
+
+
+def test_auto_says_once_on_rank_0_when_gpus_fall_back_to_nccl(monkeypatch):
+    from flashinfer_a2a import nccl_transport, symm_mem
+
+    no_vmm = {"host": "h", "gpu": "g", "vmm": False, "fd": False, "fabric": False}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(symm_mem, "_capabilities", lambda index: no_vmm)
+    monkeypatch.setattr(nccl_transport, "_fallback_said", False)
+    with pytest.warns(UserWarning, match=r"transport='auto' runs over NCCL .*no CUDA virtual memory management.*"
+                                         r"Pass transport='nccl'") as said:
+        assert resolve_transport(_GpuRanks(0), "auto") == "nccl"
+    assert len(said) == 1 and symm_mem.NCCL_HINT not in str(said[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second layer, and any other rank: not a word
+        assert resolve_transport(_GpuRanks(0), "auto") == "nccl"
+        monkeypatch.setattr(nccl_transport, "_fallback_said", False)
+        assert resolve_transport(_GpuRanks(1), "auto") == "nccl"
+        assert resolve_transport(_GpuRanks(0), "nccl") == "nccl"
+
+
+def test_the_no_peer_access_hint_names_the_nccl_transport():
+    from flashinfer_a2a import symm_mem
+
+    assert "transport='nccl'" in symm_mem.NCCL_HINT and "transport='auto'" in symm_mem.NCCL_HINT
+    with pytest.raises(RuntimeError, match="transport='nccl'"):
+        symm_mem.choose_handle_type([{"host": "h", "gpu": "g", "vmm": False, "fd": False, "fabric": False}])
