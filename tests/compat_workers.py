@@ -175,7 +175,140 @@ def check_checkpoint(rank: int, world_size: int, tmp: Path) -> None:
     assert shared_workspace.live_workspaces() == []
 
 
-CHECKS = {"adapter": check_adapter, "split": check_split, "checkpoint": check_checkpoint}
+class _Steps:
+    """Dispatch and combine through one FlashInfer-style layer, every rank drawing every rank's inputs from one
+    seed, checked bit for bit against the reference on this rank: the received rows, and the combine of fresh
+    partials written into the zero-copy payload. ``capture`` records one step in a CUDA graph whose inputs
+    :meth:`replay` refills."""
+
+    HIDDEN, TOP_K, MAX_TOKENS = 1024, 4, 64
+
+    def __init__(self, rank: int, world_size: int, experts: int) -> None:
+        self.rank, self.world_size, self.experts = rank, world_size, experts
+        self.graph = None
+
+    def inputs(self, seed: int, tokens: list[int], runtime_max: int):
+        import torch
+
+        from flashinfer_a2a import reference as ref
+
+        gen = torch.Generator().manual_seed(seed)
+        ids = [ref.random_topk_ids(n, self.TOP_K, self.experts, generator=gen, minus_one_frac=0.1) for n in tokens]
+        xs = [ref.random_payload(n, (self.HIDDEN,), torch.bfloat16, generator=gen) for n in tokens]
+        ws = [torch.rand(n, self.TOP_K, generator=gen) for n in tokens]
+        partials = [torch.randn(self.world_size, runtime_max, self.HIDDEN, generator=gen).to(torch.bfloat16)
+                    for _ in tokens]
+        return ids, xs, ws, partials
+
+    def check(self, recv, out, ids, xs, ws, partials, runtime_max) -> None:
+        import torch
+
+        from flashinfer_a2a import reference as ref
+
+        torch.cuda.synchronize()
+        want = ref.reference_dispatch(ids, [list(p) for p in zip(xs, ids, ws)], self.experts, runtime_max)
+        valid = ref.valid_row_mask(want.recv_counts[self.rank], runtime_max)
+        for p, view in enumerate(recv):
+            got, expected = view.cpu()[valid], want.recv_payloads[self.rank][p][valid]
+            assert ref.bitwise_equal(got, expected), f"rank {self.rank}: received payload {p} differs"
+        expected = ref.reference_combine(partials, want)[self.rank]
+        assert ref.bitwise_equal(out.cpu(), expected), f"rank {self.rank}: combine differs from the reference"
+
+    def _step(self, layer, ids, x, w, partial, runtime_max, output=None):
+        import torch
+
+        recv = layer.dispatch(ids, [x, ids, w], runtime_max)
+        payload = layer.get_combine_payload_tensor_in_workspace(runtime_max, self.HIDDEN, torch.bfloat16)
+        payload.copy_(partial)
+        return recv, layer.combine(payload, runtime_max, payload_in_workspace=True, output=output)
+
+    def eager(self, layer, seed: int, tokens: list[int]) -> None:
+        runtime_max = max(tokens)
+        ids, xs, ws, partials = self.inputs(seed, tokens, runtime_max)
+        r = self.rank
+        recv, out = self._step(layer, ids[r].cuda(), xs[r].cuda(), ws[r].cuda(), partials[r].cuda(), runtime_max)
+        self.check(recv, out, ids, xs, ws, partials, runtime_max)
+
+    def capture(self, layer, tokens: list[int]) -> None:
+        import torch
+
+        self.layer, self.tokens, runtime_max = layer, tokens, max(tokens)
+        ids, xs, ws, partials = self.inputs(0, tokens, runtime_max)
+        r = self.rank
+        self.static = [ids[r].cuda(), xs[r].cuda(), ws[r].cuda(), partials[r].cuda()]
+        self.out = torch.empty(tokens[r], self.HIDDEN, dtype=torch.bfloat16, device="cuda")
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.recv, _ = self._step(layer, *self.static, runtime_max, output=self.out)
+
+    def replay(self, seed: int) -> None:
+        runtime_max = max(self.tokens)
+        ids, xs, ws, partials = self.inputs(seed, self.tokens, runtime_max)
+        r = self.rank
+        for static, new in zip(self.static, (ids[r], xs[r], ws[r], partials[r])):
+            static.copy_(new)
+        self.out.fill_(float("nan"))
+        self.graph.replay()
+        self.check(self.recv, self.out, ids, xs, ws, partials, runtime_max)
+
+
+def check_checkpoint_gpu(rank: int, world_size: int, tmp: Path) -> None:
+    """Symmetric memory between processes on GPU 0 through checkpoint_prepare/checkpoint_restore, twice: the
+    memory is released (the GPU's free memory grows), calls between raise, the restore maps new memory at the same
+    addresses over a new communicator, and eager steps and a CUDA graph captured before the checkpoint then give
+    the reference's rows and sums bit for bit."""
+    import torch
+    import torch.distributed as dist
+
+    import flashinfer_a2a as fa
+    from flashinfer_a2a.compat import checkpoint
+    from flashinfer_a2a.compat import flashinfer as fi
+
+    assert world_size == 2
+    torch.cuda.set_device(0)  # every rank on GPU 0, each in its own process: symmetric memory across processes
+    experts = 8 * world_size
+    mapping = fi.Mapping(world_size, rank, 8, tp_size=world_size, moe_ep_size=world_size)
+    config = fi.MnnvlConfig(comm_backend=fi.TorchDistBackend())
+    layers = [fi.MoeAlltoAll(mapping, _Steps.MAX_TOKENS, _Steps.TOP_K, experts, hidden_size=_Steps.HIDDEN,
+                             mnnvl_config=config) for _ in range(2)]
+    shared = layers[0]._a2a._shared
+    assert layers[1]._a2a._shared is shared and type(shared.allocation).__name__ == "SymmetricWorkspace"
+    address = layers[0].workspace.data_ptr()
+    seed = [torch.seed() % (1 << 31) if rank == 0 else None]
+    dist.broadcast_object_list(seed, src=0)
+    steps, seed = _Steps(rank, world_size, experts), seed[0]
+    steps.eager(layers[0], seed, [64, 0])  # every kernel loaded before the capture
+    steps.eager(layers[1], seed + 1, [5, 33])
+    steps.capture(layers[1], [24, 9])
+    steps.replay(seed + 2)
+
+    for round_ in range(2):
+        base = seed + 10 * (round_ + 1)
+        dist.barrier()
+        free_before = torch.cuda.mem_get_info()[0]
+        layers[round_].checkpoint_prepare()
+        layers[1 - round_].checkpoint_prepare()  # released already: a no-op
+        assert checkpoint.is_detached(shared) and shared.allocation._mapping.mapped == []
+        freed = torch.cuda.mem_get_info()[0] - free_before
+        assert freed >= shared.allocation.bytes_per_rank, f"rank {rank}: {freed} bytes freed"
+        ids = torch.zeros(3, _Steps.TOP_K, dtype=torch.int32, device="cuda")
+        x = torch.zeros(3, _Steps.HIDDEN, dtype=torch.bfloat16, device="cuda")
+        expect_raises(RuntimeError, "released by checkpoint_prepare", layers[0].dispatch, ids, [x, ids], 8)
+        # the process is checkpointed and restored here; then a new communicator over the same ranks
+        backend = fi.TorchDistBackend(dist.new_group(list(range(world_size))))
+        layers[1 - round_].checkpoint_restore(backend)
+        assert not checkpoint.is_detached(shared) and shared.comm.backend is backend
+        assert all(layer.workspace.data_ptr() == address for layer in layers)
+        steps.replay(base)  # the graph captured before the checkpoint
+        steps.eager(layers[0], base + 1, [3, 64])
+        steps.replay(base + 2)
+        fa.check_error(layers[0].workspace, rank)
+    for layer in layers:
+        layer.destroy()
+
+
+CHECKS = {"adapter": check_adapter, "split": check_split, "checkpoint": check_checkpoint,
+          "checkpoint_gpu": check_checkpoint_gpu}
 
 
 def spawn(check: str, world_size: int, tmp_path: Path, timeout_s: float = 120.0) -> None:

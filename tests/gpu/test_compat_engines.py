@@ -1,7 +1,9 @@
 """The engines' call sequences through flashinfer_a2a.compat.flashinfer on simulated ranks: SGLang's dispatcher
-(one MoeAlltoAll per layer, positional calls, zero-copy combine or not, invalid id -1 or num_experts) and vLLM's
-one-sided prepare/finalize (keyword calls, combine into its output), idle ranks included. Each is compared bit for
-bit with the native MoeAlltoAll and with the dense computation; and 60 layers hold one workspace's memory."""
+(one MoeAlltoAll per layer, positional calls, zero-copy combine or not, invalid id -1 or num_experts, a checkpoint
+and restore between steps) and vLLM's one-sided prepare/finalize (keyword calls, combine into its output), idle
+ranks included. Each is compared bit for bit with the native MoeAlltoAll and with the dense computation; and 60
+layers hold one workspace's memory. Checkpoint and restore of symmetric memory shared by two processes on one GPU,
+with a CUDA graph captured before it, are checked against the reference (tests/compat_workers.py)."""
 
 import gc
 
@@ -13,6 +15,7 @@ from flashinfer_a2a import reference as ref
 from flashinfer_a2a.compat import flashinfer as fi
 from flashinfer_a2a.simulated_group import SimulatedGroup
 
+from ..compat_workers import spawn
 from ..examples import example
 from .simulated import on_streams, warm_up
 
@@ -91,8 +94,9 @@ def _check_padding(recv_ids, counts, invalid):
     assert torch.all((recv_ids[~pad] >= 0) & (recv_ids[~pad] < EXPERTS))
 
 
-@pytest.mark.parametrize("invalid, zero_copy", [(-1, True), (EXPERTS, True), (-1, False)])
-def test_sglang_dispatcher_sequence(invalid, zero_copy):
+@pytest.mark.parametrize("invalid, zero_copy, checkpoint", [(-1, True, False), (EXPERTS, True, False),
+                                                             (-1, False, False), (-1, True, True)])
+def test_sglang_dispatcher_sequence(invalid, zero_copy, checkpoint):
     gen = torch.Generator().manual_seed(torch.seed() % (1 << 31))
     weights = ex.MoEWeights.random(HIDDEN, INTER, EXPERTS, gen)
     # SGLang's arithmetic: bf16 rows, int32 ids, fp32 weights; one size for every layer
@@ -108,7 +112,10 @@ def test_sglang_dispatcher_sequence(invalid, zero_copy):
     streams = [torch.cuda.Stream() for _ in range(EP)]
     _warm_up(streams, gen, weights)
     try:
-        for counts in STEPS:
+        for step, counts in enumerate(STEPS):
+            if checkpoint and step == 2:  # through any layer: they share the workspace; a fresh communicator after
+                group.run(lambda r, comm: layers[r][1].checkpoint_prepare())
+                group.run(lambda r, comm: layers[r][2].checkpoint_restore(comm.comm_backend()))
             runtime_max = max(counts)
             for layer in range(3):
                 xs, ids, ws = _inputs(gen, counts, torch.int32)
@@ -180,6 +187,10 @@ def test_vllm_prepare_finalize_sequence():
     finally:
         native.close()
         group.run(lambda r, comm: a2as[r].destroy())
+
+
+def test_checkpoint_restore_between_processes_on_one_gpu(tmp_path):
+    spawn("checkpoint_gpu", 2, tmp_path, timeout_s=300)
 
 
 def test_sixty_layers_hold_one_workspace_on_the_gpu():
