@@ -69,26 +69,28 @@ def _compat_size(ep, fmt, extra=0):
 
 class SglangLayer:
     """SGLang's dispatcher (zero-copy combine); an NVFP4 layer's hidden states are quantized by the engine before
-    the dispatch (here: bytes standing for them), as FlashInfer moves payloads unchanged."""
+    the dispatch (here: bytes standing for them), as FlashInfer moves payloads unchanged, and its experts write bf16
+    rows into the combine region."""
 
     def __init__(self, ep, rank, fmt, size):
         self.fmt = fmt
         self.moe = _compat(ep, rank, size)
-        self.dispatcher = example("sglang_adapter").FlashinferStyleDispatcher(self.moe, ep, HIDDEN, EXPERTS_PER_RANK
-                                                                              * ep)
+        self.dispatcher = example("sglang_adapter").FlashinferStyleDispatcher(
+            self.moe, ep, HIDDEN, EXPERTS_PER_RANK * ep, payload_in_workspace=fmt is None)
 
     def __call__(self, x, ids, w, runtime_max):
+        ep = self.moe.ep_size
         if self.fmt is None:
             d = self.dispatcher.dispatch(x, ids, w, runtime_max)
-            rows = d.hidden_states
-        else:  # the pre-quantized rows travel as one payload: values then scales, as bytes
-            packed = x.view(torch.uint8)[:, :HIDDEN // 2 + HIDDEN // 16].contiguous()
-            d = self.dispatcher.dispatch(packed, ids, w, runtime_max)
-            rows = d.hidden_states[:, :HIDDEN // 2]
-        ep = self.moe.ep_size
-        d.moe_output.copy_(_expert(rows.view(ep, runtime_max, -1), d.topk_weights.view(ep, runtime_max, TOP_K))
-                           .view(-1, HIDDEN))
-        return self.dispatcher.combine(d.moe_output)
+            d.moe_output.copy_(_expert(d.hidden_states.view(ep, runtime_max, -1),
+                                       d.topk_weights.view(ep, runtime_max, TOP_K)).view(-1, HIDDEN))
+            return self.dispatcher.combine(d.moe_output)
+        packed = x.view(torch.uint8)[:, :HIDDEN // 2 + HIDDEN // 16].contiguous()  # values then scales, as bytes
+        d = self.dispatcher.dispatch(packed, ids, w, runtime_max)
+        region = self.moe.get_combine_payload_tensor_in_workspace(runtime_max, HIDDEN, BF16)
+        region.copy_(_expert(d.hidden_states[:, :HIDDEN // 2].view(ep, runtime_max, -1),
+                             d.topk_weights.view(ep, runtime_max, TOP_K)))
+        return self.moe.combine(region, runtime_max, payload_in_workspace=True)
 
 
 class VllmLayer:
@@ -216,7 +218,7 @@ def many_workspaces(group, comm, count=24):
         gen = torch.Generator().manual_seed(seed + i)
         pick = lambda options: options[int(torch.randint(len(options), (1,), generator=gen))]  # noqa: E731
         max_tokens, top_k, hidden = pick([1, 5, 17, 64, 128, 200]), pick([1, 4, 8, 12, 18]), pick([64, 1024, 4096])
-        num_experts = pick([comm.size, 3 * comm.size + 1, 64, 256])
+        num_experts = max(top_k, pick([comm.size, 3 * comm.size + 1, 64, 256]))  # top_k distinct experts
         a2a = fa.MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=num_experts,
                              hidden_size=hidden, namespace=f"many-{i}")
         ids = torch.empty(max_tokens, top_k, dtype=torch.int64, device="cuda")
