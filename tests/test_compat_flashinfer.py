@@ -204,6 +204,8 @@ def test_unsupported_call_arguments_and_misuse_raise_before_any_launch(one_rank)
                              (dict(active_rank_mask=torch.zeros(1, dtype=torch.int64)), "active_rank_mask")):
         with pytest.raises(NotImplementedError, match=argument):
             a2a.combine(payload, 16, **kwargs)
+    with pytest.raises(TypeError, match="output_dtype must be a torch.dtype or None, got Tensor"):
+        a2a.combine(payload, 16, False, torch.empty(4, 256, dtype=torch.bfloat16))  # output passed fourth
     with pytest.raises(ValueError, match="runtime_max_tokens_per_rank=8 differs from the pending dispatch's 16"):
         a2a.combine(payload, 8)
     with pytest.raises(ValueError, match=r"payload must be \[ep_size=1, runtime_max_tokens_per_rank=16, hidden\]"):

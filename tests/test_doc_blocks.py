@@ -34,7 +34,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PYTHON_BLOCKS = {
     "README.md": (1, "tests/test_doc_blocks.py::test_quickstart_is_the_tested_example"),
     "docs/index.md": (1, "tests/test_doc_blocks.py::test_quickstart_is_the_tested_example"),
-    "docs/integration.md": (4, "tests/test_doc_blocks.py::test_integration_page_python_blocks_run_on_cpu"),
+    "docs/integration.md": (5, "tests/test_doc_blocks.py::test_integration_page_python_blocks_run_on_cpu"),
     "docs/jit_aot.md": (1, "tests/test_doc_blocks.py::test_jit_aot_block_runs_on_cpu"),
     "docs/semantics.md": (1, "tests/gpu/test_doc_blocks_gpu.py::test_semantics_block_runs"),
 }
@@ -49,6 +49,7 @@ INCLUDED = {
     "ep_moe_layer.py": "tests/gpu/test_ep_moe_layer.py::test_eager_layer_equals_the_dense_layer",
     "vllm_adapter.py": "tests/gpu/test_compat_engines.py::test_vllm_prepare_finalize_sequence",
     "sglang_adapter.py": "tests/gpu/test_compat_engines.py::test_sglang_dispatcher_sequence",
+    "cuda_graphs.py": "tests/gpu/test_doc_blocks_gpu.py::test_example_runs_under_torchrun_on_one_gpu",
 }
 
 

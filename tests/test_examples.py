@@ -62,3 +62,19 @@ def test_adapters_have_the_engines_method_shapes():
         "output", "fused_expert_output", "topk_weights", "topk_ids"]
     sglang = example("sglang_adapter").FlashinferStyleDispatcher
     assert callable(sglang.dispatch) and callable(sglang.combine)
+
+
+def test_cuda_graph_recipe_on_cpu():
+    """The recipe imports without a GPU; its router and experts are the closed forms its docstrings state (the GPU
+    doc tests run it whole under torchrun)."""
+    recipe = example("cuda_graphs")
+    assert callable(recipe.main) and set(recipe.REPLAY_ORDER) == set(recipe.BATCH_SIZES)
+    gen = torch.Generator().manual_seed(torch.seed() % (1 << 31))
+    x = torch.randn(6, recipe.HIDDEN, generator=gen).to(torch.bfloat16)
+    weights, ids = recipe.route(x, 16)
+    assert ids.shape == (6, recipe.TOP_K) and torch.equal(ids, x[:, :16].float().topk(recipe.TOP_K).indices)
+    ids[0, 1] = -1  # a padded row's id after sanitizing
+    out = recipe.toy_experts(x, ids, weights, 4, 12)
+    mine = (ids >= 4) & (ids < 12)
+    want = x.float() * (weights * (ids + 1).float() * mine).sum(-1, keepdim=True)
+    assert torch.equal(out, want)

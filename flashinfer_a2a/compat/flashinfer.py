@@ -243,6 +243,9 @@ class MoeAlltoAll:
 
         FlashInfer's parameter order: the fourth positional argument is ``output_dtype`` (only the payload's dtype
         or None here), ``output`` the eighth; pass ``output`` by keyword."""
+        if output_dtype is not None and not isinstance(output_dtype, torch.dtype):
+            raise TypeError(f"output_dtype must be a torch.dtype or None, got {type(output_dtype).__name__}: "
+                            "FlashInfer's combine takes output_dtype fourth and output eighth; pass output=...")
         if output_dtype is not None and output_dtype != payload.dtype:
             raise _unsupported("output_dtype", output_dtype, "a combine output dtype other than the payload's")
         if output_scales is not None:

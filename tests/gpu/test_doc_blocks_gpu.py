@@ -41,6 +41,7 @@ def test_semantics_block_runs():
     ("ep_subgroups.py", 4, "sub-group ok"),
     ("quantized.py", 2, "bitwise ok"),
     ("overlap.py", 2, "bitwise ok"),
+    ("cuda_graphs.py", 2, "graphs equal the eager steps"),
 ])
 def test_example_runs_under_torchrun_on_one_gpu(example, nproc, done):
     _torchrun(example, nproc, done)
