@@ -175,6 +175,83 @@ def check_checkpoint(rank: int, world_size: int, tmp: Path) -> None:
     assert shared_workspace.live_workspaces() == []
 
 
+def check_checkpoint_vmm(rank: int, world_size: int, tmp: Path) -> None:
+    """The virtual-memory steps of checkpoint and restore, with the CUDA driver calls recorded instead of made (no
+    GPU here): release unmaps every rank's range and releases every handle, keeping the address range; remap
+    allocates, exchanges descriptors with the peers (real ones, over Unix sockets) and maps each rank's handle at
+    its old address; a rank that cannot allocate makes the exchange fail on every rank, not hang it."""
+    import os
+
+    from flashinfer_a2a import _cuda_driver as drv
+    from flashinfer_a2a.compat import checkpoint
+    from flashinfer_a2a.compat.comm_backend import CommBackendCommunicator, TorchDistBackend
+    from flashinfer_a2a.symm_mem import SymmetricWorkspace, _Mapping
+
+    calls, created = [], []
+
+    def mem_create(size, device, handle_type):
+        created.append(100 * (rank + 1) + len(created))
+        return created[-1]
+
+    imported = {}
+
+    def import_fd(fd):  # a handle naming the peer: what it exported travels as the descriptor's target
+        handle = 1000 + int(os.readlink(f"/proc/self/fd/{fd}").rsplit("-", 1)[1])
+        imported[handle] = fd
+        return handle
+
+    drv.mem_create = mem_create
+    drv.export_fd = lambda handle: os.open(tmp / f"export-{rank}-{handle}", os.O_CREAT | os.O_RDONLY)
+    drv.import_fd = import_fd
+    drv.map_and_enable = lambda ptr, size, handle, device: calls.append(("map", ptr, handle))
+    drv.unmap = lambda ptr, size: calls.append(("unmap", ptr))
+    drv.release = lambda handle: calls.append(("release", handle))
+
+    size, base = 1 << 21, 1 << 40
+    workspace = object.__new__(SymmetricWorkspace)
+    workspace.bytes_per_rank, workspace.device, workspace.handle_type = size, 0, drv.HANDLE_TYPE_POSIX_FD
+    workspace._timeout_s = 20.0
+    m = workspace._mapping = _Mapping(0, size, world_size)
+    m.base, m.own = base, 7
+    m.handles = [7 if r == rank else 70 + r for r in range(world_size)]
+    m.mapped = list(range(world_size))
+    comm = CommBackendCommunicator(TorchDistBackend())
+
+    checkpoint._unmap(workspace)
+    assert calls == [("unmap", base + r * size) for r in range(world_size)] + \
+        [("release", 70 + r) for r in range(world_size) if r != rank] + [("release", 7)]
+    assert (m.mapped, m.handles, m.own, m.base) == ([], [], 0, base)
+
+    calls.clear()
+    checkpoint._map(workspace, comm)
+    own = created[-1]
+    peers = {r: h for r, h in enumerate(m.handles) if r != rank}
+    assert m.own == own and m.handles[rank] == own and m.mapped == list(range(world_size))
+    assert calls == [("map", base + r * size, m.handles[r]) for r in range(world_size)]
+    for r, handle in peers.items():  # each peer's handle came from the descriptor it exported
+        assert handle == 1000 + 100 * (r + 1) + (len(created) - 1), (r, handle)
+
+    checkpoint._unmap(workspace)
+
+    def cannot_allocate(size, device, handle_type):
+        raise drv.CudaDriverError("cuMemCreate", 2, "out of memory")
+
+    if rank == 1:
+        drv.mem_create = cannot_allocate
+    calls.clear()
+    try:
+        checkpoint._map(workspace, comm)
+    except drv.CudaDriverError as exc:
+        assert rank == 1 and "out of memory" in str(exc)
+    except RuntimeError as exc:
+        assert rank != 1 and "ranks [1] could not take part" in str(exc), exc
+    else:
+        raise AssertionError("the exchange went on without rank 1")
+    assert calls == [] and m.mapped == []
+    checkpoint._unmap(workspace)
+    assert m.own == 0 and m.handles == []
+
+
 class _Steps:
     """Dispatch and combine through one FlashInfer-style layer, every rank drawing every rank's inputs from one
     seed, checked bit for bit against the reference on this rank: the received rows, and the combine of fresh
@@ -308,7 +385,7 @@ def check_checkpoint_gpu(rank: int, world_size: int, tmp: Path) -> None:
 
 
 CHECKS = {"adapter": check_adapter, "split": check_split, "checkpoint": check_checkpoint,
-          "checkpoint_gpu": check_checkpoint_gpu}
+          "checkpoint_vmm": check_checkpoint_vmm, "checkpoint_gpu": check_checkpoint_gpu}
 
 
 def spawn(check: str, world_size: int, tmp_path: Path, timeout_s: float = 120.0) -> None:

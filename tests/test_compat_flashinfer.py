@@ -320,3 +320,7 @@ def test_checkpoint_refused_while_a_dispatch_is_pending_and_destroy_between():
 
 def test_checkpoint_over_gloo_ranks_with_a_new_communicator(tmp_path):
     spawn("checkpoint", 2, tmp_path)
+
+
+def test_checkpoint_remaps_virtual_memory_at_the_same_addresses(tmp_path):
+    spawn("checkpoint_vmm", 3, tmp_path)
