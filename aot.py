@@ -38,14 +38,19 @@ def main(argv: list[str] | None = None) -> int:
         spec.ninja_target(build_dir / spec.name, out_dir / spec.name / f"{spec.name}.so", archs)
         for spec in all_specs()
     ]
-    print(f"building {', '.join(t.name for t in targets)} for {' '.join(archs)} into {out_dir}", flush=True)
     start = time.monotonic()
     with ninja_build.file_lock(build_dir / ".lock"):
         ninja_build.write_if_changed(build_dir / "build.ninja", ninja_build.render(targets))
-        ran = ninja_build.run(build_dir, config.max_jobs(), args.verbose or config.jit_verbose())
-    state = f"built in {time.monotonic() - start:.1f} s" if ran else "up to date"
+        if ninja_build.has_work(build_dir):
+            # Said before nvcc starts: the two default architectures take minutes on a small machine.
+            print(f"compiling {', '.join(t.name for t in targets)} for {' '.join(archs)} into {out_dir} "
+                  f"(objects in {build_dir})", flush=True)
+            ninja_build.run(build_dir, config.max_jobs(), args.verbose or config.jit_verbose())
+            state = f"built in {time.monotonic() - start:.1f} s"
+        else:
+            state = "up to date"
     for t in targets:
-        print(f"{t.library} ({' '.join(archs)}): {state}")
+        print(f"{t.library} ({' '.join(archs)}): {state}", flush=True)
     if out_dir == config.PACKAGE_AOT_DIR:
         # An AOT library wins over JIT, so in a checkout an edited .cu is not recompiled while these exist.
         print(f"note: this checkout now loads these libraries, not JIT builds; `rm -r {out_dir}` to go back")

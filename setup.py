@@ -4,11 +4,12 @@ Everything else is in pyproject.toml. The libraries are machine code but call no
 such a wheel is `py3-none-manylinux_2_<N>_<arch>`, where 2.<N> is the newest glibc symbol version the libraries
 import (PEP 600: the wheel then installs on any Linux with that glibc or newer). Built on glibc 2.34 or newer that
 is 2.34: pthread and dl functions moved into libc there and the static CUDA runtime uses them. Their other
-dependencies are libtvm_ffi.so (from the apache-tvm-ffi requirement, as torch extensions rely on libtorch) and
-libstdc++/libgcc_s; the CUDA runtime is linked statically and the driver is loaded at run time. A wheel without
-libraries stays `py3-none-any`.
+dependencies are libstdc++ and libgcc_s, within the manylinux policy; the tvm-ffi symbols bind at load time to the
+libtvm_ffi.so that `import tvm_ffi` loaded (no DT_NEEDED entry, so `auditwheel show` agrees with the tag), the CUDA
+runtime is linked statically and the driver is loaded at run time. A wheel without libraries stays `py3-none-any`.
 """
 
+import os
 import struct
 from pathlib import Path
 
@@ -70,6 +71,12 @@ class AotDistribution(Distribution):
 
 
 class BdistWheel(bdist_wheel):
+    def run(self):
+        # Reproducible bytes: every zip entry gets this time instead of a file's mtime or, for the generated
+        # metadata, the clock. 1980-01-01, the earliest a zip can hold, unless the builder sets its own.
+        os.environ.setdefault("SOURCE_DATE_EPOCH", "315532800")
+        super().run()
+
     def get_tag(self):
         python, abi, plat = super().get_tag()
         if not self.root_is_pure:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 from flashinfer_a2a.jit import JitSpec, gen_a2a_module
 
 from .jit.jit_testing import set_jit_env
+from .progress import on_terminal
 
 
 @dataclass
@@ -36,21 +35,6 @@ def checkout_cache() -> Path:
     and flags) and two checkouts never rebuild each other's objects.
     """
     return Path.home() / ".cache" / "flashinfer_a2a_tests" / hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
-
-
-@contextlib.contextmanager
-def on_terminal(config: pytest.Config) -> Iterator[None]:
-    """Lets what the block prints reach the terminal, on a line of its own, past pytest's output capture.
-
-    For the compiles that hold up a first run: the library alone takes minutes on a 2-core machine, and the JIT's
-    lines saying so (stderr) would otherwise be captured while the progress line sits still.
-    """
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    terminal = config.pluginmanager.get_plugin("terminalreporter")
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        if terminal is not None:
-            terminal.write("\n")
-        yield
 
 
 @pytest.fixture(scope="session")

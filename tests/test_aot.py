@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from typing import NamedTuple
 import pytest
 
 from flashinfer_a2a.jit import all_specs
+
+from .progress import on_terminal
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,14 +30,27 @@ def _aot(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def aot_out(tmp_path_factory, checkout_cache) -> AotDirs:
+def aot_out(request, tmp_path_factory, checkout_cache) -> AotDirs:
     """aot.py for sm_90a only (the two-arch build is covered by tests/jit): half the compile time.
 
     The libraries go to a fresh directory; the objects stay in the checkout's test cache, so a later session only
-    links them again (a second `pytest` compiles nothing).
+    links them again (a second `pytest` compiles nothing). When aot.py compiles, its lines reach the terminal as
+    they come (a minute or more on a small machine); when it finds everything built, nothing is shown.
     """
     dirs = AotDirs(out=tmp_path_factory.mktemp("aot") / "out", build=checkout_cache / "aot_build")
-    _aot("--cuda-arch-list", "9.0a", "--out-dir", str(dirs.out), "--build-dir", str(dirs.build))
+    cmd = [sys.executable, str(REPO / "aot.py"), "--cuda-arch-list", "9.0a", "--out-dir", str(dirs.out),
+           "--build-dir", str(dirs.build)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = [proc.stdout.readline()]
+    compiling = lines[0].startswith("compiling")
+    with on_terminal(request.config) if compiling else contextlib.nullcontext():
+        if compiling:
+            print(f"aot.py: {lines[0]}", end="", flush=True)
+        for line in proc.stdout:
+            lines.append(line)
+            if compiling:
+                print(f"aot.py: {line}", end="", flush=True)
+    assert proc.wait() == 0, "".join(lines)
     return dirs
 
 

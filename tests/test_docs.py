@@ -30,6 +30,10 @@ def test_ci_runs_the_readme_commands_verbatim():
     for command in commands:
         assert command in ci_lines, f"{command!r} is in README.md but not in .ci/run"
     assert "sphinx-build -W -b html docs docs/_build/html" in ci_lines
+    # In a fresh venv of its own, as a user runs them: nothing borrowed from the CI machine's Python.
+    venv = next(i for i, line in enumerate(ci_lines) if re.match(r'python3 -m venv "\$venv"$', line))
+    activate = ci_lines.index('export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"')
+    assert venv < activate < ci_lines.index(commands[0])
 
 
 def test_env_table_matches_config():
