@@ -1,9 +1,9 @@
 """Every code block of the docs runs in a test.
 
 - ```python blocks run as written: the README / docs index quickstart is docs/examples/quickstart.py verbatim (run
-  under torchrun by tests/gpu/test_quickstart.py); integration.md's and jit_aot.md's blocks run here on CPU;
-  semantics.md's block needs a GPU and runs in tests/gpu/test_doc_blocks_gpu.py. ``PYTHON_BLOCKS`` says, per page,
-  how many blocks it has and which test runs them: a page that gains a block fails
+  under torchrun by tests/gpu/test_quickstart.py; what it says without a GPU is checked here); integration.md's and
+  jit_aot.md's blocks run here on CPU; semantics.md's block needs a GPU and runs in tests/gpu/test_doc_blocks_gpu.py.
+  ``PYTHON_BLOCKS`` says, per page, how many blocks it has and which test runs them: a page that gains a block fails
   test_every_python_block_has_a_runner until the block gets one.
 - {literalinclude} blocks show files under docs/examples (whole, or the part between two marker comments); each file
   is a complete program run by the test ``INCLUDED`` names: on CPU under torchrun over gloo where the example runs
@@ -109,7 +109,23 @@ def test_quickstart_is_the_tested_example(page):
     section = text[text.index("## Quickstart"):]
     block = _blocks(section)[0]
     assert block == QUICKSTART, f"{page}'s quickstart differs from docs/examples/quickstart.py"
-    assert len(block.splitlines()) <= 30
+    assert len(block.splitlines()) <= 31
+    # The prose around it names the example a machine without a GPU can run.
+    assert "examples/transports.py" in section[:section.index("```python")]
+
+
+def test_quickstart_without_a_gpu_says_what_it_needs_in_one_line():
+    # What a new user on a CPU machine sees: one line naming the example that runs there, not a traceback per rank
+    # and then torchrun's own.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(27500 + os.getpid() % 1000), str(REPO / "docs" / "examples" / "quickstart.py")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "quickstart.py needs NVIDIA GPUs (Hopper or Blackwell); docs/examples/transports.py runs on CPU"
+    ], proc.stdout
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.usefixtures("a2a_env")

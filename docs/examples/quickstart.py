@@ -6,6 +6,10 @@ import torch.distributed as dist
 
 from flashinfer_a2a import MoeAlltoAll
 
+if not torch.cuda.is_available():  # one line, and no error for torchrun to answer with a page of traceback
+    if os.environ.get("RANK", "0") == "0":
+        print("quickstart.py needs NVIDIA GPUs (Hopper or Blackwell); docs/examples/transports.py runs on CPU")
+    raise SystemExit(0)
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
 dist.init_process_group("gloo")  # only bootstraps the workspace: the tokens travel over NVLink
 rank, ep_size = dist.get_rank(), dist.get_world_size()
