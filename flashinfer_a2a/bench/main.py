@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from ..jit import get_a2a_module
 from .args import DTYPES, BenchArgs, parse_args
 from .impls import (A2A, Case, combine_row_bytes, dispatch_row_bytes, make_case, nccl_a2a_steps, nccl_ag_rs_steps,
                     variants)
@@ -146,6 +147,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     session = start(args.sim_ranks)
     progress = (lambda text: None) if args.quiet or not session.is_root else (
         lambda text: print(text, file=sys.stderr, flush=True))
+    # Loaded before the first case, with a word first: a first run compiles the library here (minutes; the JIT
+    # prints a line when it starts and when it ends, and a rank that waits for another's build says so).
+    if session.simulated or args.transport == "nvlink":
+        progress("loading flashinfer_a2a's CUDA library (a first run compiles it)")
+        get_a2a_module()
     if args.overlap:
         return _main_overlap(args, session, progress, argv)
     plan = [(dtype, tokens, routing) for dtype in args.dtypes for tokens in args.tokens for routing in args.routings]
