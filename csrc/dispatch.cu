@@ -135,6 +135,10 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
               int64_t num_experts, double timeout_s, int64_t quant_format,
               tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales, int64_t phase,
               int64_t num_sms) {
+  // tvm-ffi passes a None entry of the list as an undefined tensor, which no TensorView may be made of.
+  for (size_t p = 0; p < payloads.size(); ++p) {
+    A2A_CHECK(payloads[p].defined(), TypeError) << "payloads[" << p << "] must be a tensor, got None";
+  }
   A2A_CHECK(phase == 0 || phase == 1, ValueError)
       << "dispatch phase must be 0 (send and receive) or 1 (send only), got " << phase;
   CheckSmBudget(num_sms);
@@ -155,7 +159,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
       << "topk_ids has " << num_tokens << " tokens, more than runtime_max_tokens_per_rank="
       << runtime_max_tokens_per_rank;
   A2A_CHECK(num_experts >= 1 && num_experts < (int64_t{1} << 31), ValueError)
-      << "num_experts must be >= 1, got " << num_experts;
+      << "num_experts must be in [1, 2^31), got " << num_experts;
 
   CheckRecvCounts(recv_counts, workspace, ep_size);
 
@@ -168,8 +172,12 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
     const TensorView payload = payloads[p];
     A2A_CHECK(payload.ndim() >= 1 && payload.size(0) == num_tokens, ValueError)
         << "payloads[" << p << "] must have num_tokens=" << num_tokens << " rows like topk_ids";
-    CheckContiguous(payload, "payloads[i]");
-    CheckSameDevice(payload, workspace, "payloads[i]", "workspace");
+    // Not CheckContiguous / CheckSameDevice: the message names the index, with no string built per call.
+    A2A_CHECK(payload.IsContiguous(), ValueError) << "payloads[" << p << "] must be contiguous";
+    A2A_CHECK(payload.device().device_type == workspace.device().device_type &&
+                  payload.device().device_id == workspace.device().device_id,
+              ValueError)
+        << "payloads[" << p << "] must be on the same device as workspace";
     rows.push_back(RowBytes(payload));
   }
   const QuantRequest quant = CheckQuantRequest(ToQuantFormat(quant_format), payloads, global_scale, workspace,

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include <flashinfer_a2a/combine_fp8.cuh>
+
 #include "kernels.h"
 #include "workspace.h"
 
@@ -80,6 +82,8 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> GetConstants() {
   c.Set("quant_nvfp4", static_cast<int64_t>(QuantFormat::kNvfp4));
   c.Set("combine_pull", static_cast<int64_t>(CombineMode::kPull));
   c.Set("combine_push", static_cast<int64_t>(CombineMode::kPush));
+  c.Set("fp8_wire_hidden_multiple", kQuantLaneElems);
+  c.Set("fp8_wire_max_hidden", int64_t{kFp8WireMaxCols} * quant::kFp8Block);
   for (const CallLayoutField& f : kCallLayoutFields) {
     c.Set(std::string("call_layout:") + f.name, (static_cast<int64_t>(f.shift) << 8) | f.bits);
   }

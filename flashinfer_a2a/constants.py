@@ -3,7 +3,7 @@
 The library exports them (``get_constants``); :func:`library_constants` reads them on first use, so importing the
 package compiles nothing. The few needed at import time (the limits re-exported as ``flashinfer_a2a.MAX_*``, and
 the size checks the fake implementations run while tracing, before any library exists) are literals here, and
-tests/test_constants.py pins each one to the library's value.
+tests/test_validation.py pins each one to the library's value.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ MAX_TIMEOUT_S = 1e6  # TimeoutNs in csrc/kernels.h
 QUANT_FORMAT_CODES = range(4)  # QuantFormat: none, fp8_block, mxfp8, nvfp4
 COMBINE_PULL = 0  # CombineMode::kPull
 COMBINE_PUSH = 1  # CombineMode::kPush
+FP8_WIRE_HIDDEN_MULTIPLE = 8  # kQuantLaneElems: an FP8-wire combine quantizes 8 elements a lane
+FP8_WIRE_MAX_HIDDEN = 256 * 128  # kFp8WireMaxCols scales of 128 elements: a row's scales wait in shared memory
 
-#: (literal above, key in the library's table): every pair tests/test_constants.py checks.
+#: (literal above, key in the library's table): every pair tests/test_validation.py checks.
 PINNED = {
     "MAX_EP_SIZE": "max_ep_size",
     "MAX_TOP_K": "max_top_k",
@@ -27,6 +29,8 @@ PINNED = {
     "MAX_NUM_TOKENS_LIMIT": "max_num_tokens_limit",
     "COMBINE_PULL": "combine_pull",
     "COMBINE_PUSH": "combine_push",
+    "FP8_WIRE_HIDDEN_MULTIPLE": "fp8_wire_hidden_multiple",
+    "FP8_WIRE_MAX_HIDDEN": "fp8_wire_max_hidden",
 }
 
 
