@@ -21,7 +21,7 @@ from .combine_mode import combine_mode_code
 from .constants import MAX_EP_SIZE, MAX_PAYLOADS, MAX_TOP_K, check_sizes  # noqa: F401 - public re-exports
 from .errors import check_error
 from .layout import empty_workspace  # noqa: F401 - public re-export
-from .validation import check_dispatch_inputs, check_topk_ids_on_host
+from .validation import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
 from .wire_formats import WIRE_FORMATS, WireFormat, check_combine_format, wire_format
 
 
@@ -366,6 +366,7 @@ def combine_output(workspace: torch.Tensor, num_tokens: int, partials: Optional[
                    out: Optional[torch.Tensor], hidden: Optional[int], dtype: Optional[torch.dtype]) -> torch.Tensor:
     """A combine's output: ``out`` checked to be ``[num_tokens, hidden]`` (the kernels take its rows as the token
     count), or a new one; the row shape comes from ``partials``, else ``out``, else ``hidden`` and ``dtype``."""
+    check_combine_tensors(partials, out)
     if partials is not None:
         hidden, dtype = partials.shape[-1], partials.dtype
     elif out is not None:

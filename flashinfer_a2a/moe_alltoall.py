@@ -17,6 +17,7 @@ from .eager_calls import EagerCalls
 from .lifecycle import barrier_within
 from .nccl_transport import NcclTransport, check_transport, process_group_of, resolve_transport
 from .split_phase import SplitPhaseMixin
+from .validation import check_combine_tensors
 from .wire_formats import check_combine_format, wire_format
 
 _INSTANCES = itertools.count()  # names each instance's eager calls in its shared workspace
@@ -257,6 +258,7 @@ class MoeAlltoAll(SplitPhaseMixin):
         """Sums each local token's partials over the ranks it went to, in increasing rank order in fp32 (see
         :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written.
         ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
+        check_combine_tensors(partials, out)  # first: the row shape is read off them below
         if self._nccl is not None:
             return self._nccl.combine(partials, *self._combine_row(None, None), out=out, quant_format=quant_format)
         shared = self._begin("combine")

@@ -24,6 +24,7 @@ import torch
 
 from . import functional as F
 from . import ops
+from .validation import check_combine_tensors, check_optional_tensor
 
 # Phase codes of the ops' ``phase`` argument, the values of DispatchPhase / CombinePhase in C++.
 BOTH, SEND, RECV = 0, 1, 2
@@ -91,6 +92,7 @@ def combine_send(
     hidden]`` into this rank's combine region (nothing to copy when None: the expert side wrote
     :func:`~flashinfer_a2a.functional.combine_input`, whose row shape ``hidden`` / ``dtype`` give), quantizes them
     for the FP8 wire if ``quant_format`` asks, and tells the peers they are there."""
+    check_optional_tensor(partials, "partials")
     if partials is not None:
         hidden, dtype = partials.shape[-1], partials.dtype
     if hidden is None or dtype is None:
@@ -218,6 +220,7 @@ class SplitPhaseMixin:
                      quant_format: Optional[str] = None) -> None:
         """The send half of :meth:`combine` (same arguments but ``out``): publishes this rank's partials (None:
         :meth:`combine_input` was written). Keep ``partials`` unchanged until :meth:`combine_recv` has run."""
+        check_optional_tensor(partials, "partials")
         self._begin("combine_send")
         _, runtime_max, counts = self._pending
         hidden, dtype = self._combine_row(None, None)
@@ -234,6 +237,7 @@ class SplitPhaseMixin:
     def combine_recv(self, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Waits for the peers' :meth:`combine_send` and returns ``out`` ``[num_tokens, hidden]`` (allocated when
         None), as :meth:`combine` does."""
+        check_combine_tensors(None, out)
         self._begin("combine_recv")
         num_tokens, runtime_max, counts = self._pending
         partials, timeout_s, quant_format = self._sent

@@ -23,6 +23,18 @@ def check_tensor(value: Any, name: str) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
 
 
+def check_optional_tensor(value: Any, name: str) -> None:
+    """TypeError naming ``name`` unless ``value`` is a tensor or None."""
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+
+
+def check_combine_tensors(partials: Any, out: Any) -> None:
+    """TypeError naming ``partials`` or ``out`` when either is neither a tensor nor None."""
+    check_optional_tensor(partials, "partials")
+    check_optional_tensor(out, "out")
+
+
 def check_dispatch_inputs(topk_ids: Any, payloads: Any) -> None:
     """TypeError naming ``topk_ids`` or the payload that is not a tensor (None included)."""
     check_tensor(topk_ids, "topk_ids")
@@ -135,6 +147,7 @@ def check_combine_args(workspace: torch.Tensor, partials: Optional[torch.Tensor]
     _check_counts(recv_counts, ep_size)
     _check_runtime_max(runtime_max, max_num_tokens)
     check_tensor(out, "out")
+    check_optional_tensor(partials, "partials")
     if out.dtype not in _FLOATS:
         raise TypeError(f"out must be bfloat16, float16 or float32, got {out.dtype}")
     if out.dim() != 2 or out.shape[0] > runtime_max:
