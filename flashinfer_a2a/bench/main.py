@@ -149,9 +149,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lambda text: print(text, file=sys.stderr, flush=True))
     # Loaded before the first case, with a word first: a first run compiles the library here (minutes; the JIT
     # prints a line when it starts and when it ends, and a rank that waits for another's build says so).
-    if session.simulated or args.transport == "nvlink":
-        progress("loading flashinfer_a2a's CUDA library (a first run compiles it)")
-        get_a2a_module()
+    progress("loading flashinfer_a2a's CUDA library (a first run compiles it)")
+    get_a2a_module()
     if args.overlap:
         return _main_overlap(args, session, progress, argv)
     plan = [(dtype, tokens, routing) for dtype in args.dtypes for tokens in args.tokens for routing in args.routings]
