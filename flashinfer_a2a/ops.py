@@ -139,7 +139,7 @@ def initialize(workspace, metainfo, ep_rank, *sizes):
 
 @initialize.register_fake
 def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
-    _check.check_initialize_args(workspace, metainfo, ep_rank, sizes)
+    _check.check_initialize_args(workspace, metainfo, ep_rank, sizes, len(METAINFO_NAMES))
 
 
 @register(
@@ -163,7 +163,8 @@ def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size,
     sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
     _check.check_split_args("dispatch", phase, ("send and receive", "send only"), num_sms)
     _check.check_dispatch_args(workspace, topk_ids, payloads, recv_counts, ep_rank, sizes,
-                               runtime_max_tokens_per_rank, num_experts, timeout_s, quant_format, global_scale)
+                               runtime_max_tokens_per_rank, num_experts, timeout_s, quant_format, global_scale,
+                               swizzled_scales)
 
 
 # The receive half of a dispatch sent with phase=1 (flashinfer_a2a.split_phase): one block waits for the peers'
@@ -215,7 +216,7 @@ def sanitize_expert_ids(recv_topk_ids, recv_counts, invalid_id):
 
 @sanitize_expert_ids.register_fake
 def _sanitize_expert_ids_fake(recv_topk_ids, recv_counts, invalid_id):
-    _check.check_sanitize_args(recv_topk_ids, recv_counts)
+    _check.check_sanitize_args(recv_topk_ids, recv_counts, invalid_id)
 
 
 @_caller_errors

@@ -1,21 +1,32 @@
 """Host-side argument checks: what the C++ entry points check, done in Python where the C++ never runs.
 
-The fake implementations (``ops.py``) call these while ``torch.compile`` traces, so a wrong dtype, shape or
-``ep_rank`` fails at trace time with the error the GPU call would give, not first on the GPU. The eager path runs
-only :func:`check_dispatch_inputs` (a few ``isinstance`` calls): the C++ checks everything else before it launches.
+The fake implementations (``ops.py``) call these while ``torch.compile`` traces, so every rule the C++ entries
+(csrc/*.cu, csrc/*.h) check on shapes, dtypes, sizes, devices and layout fails at trace time with the error type the
+GPU call would give, not first on the GPU; tests/test_fake_checks.py walks the C++ checks and refuses an input of
+each through the fakes. A meta tensor stands for a CUDA one (tracing without a GPU). The eager path runs only
+:func:`check_dispatch_inputs` and :func:`check_optional_tensor` (a few ``isinstance`` calls): the C++ checks
+everything else before it launches.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, Optional, Sequence
 
 import torch
 
 from .combine_mode import check_combine_mode_code
-from .constants import MAX_PAYLOADS, MAX_TIMEOUT_S, check_sizes
+from .constants import (FP8_WIRE_HIDDEN_MULTIPLE, FP8_WIRE_MAX_HIDDEN, MAX_PAYLOADS, MAX_TIMEOUT_S,
+                        QUANT_FORMAT_CODES, check_sizes)
+from .wire_formats import WIRE_FORMATS
 
 _IDS = (torch.int32, torch.int64)
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_GPU = ("cuda", "meta")  # the devices a kernel's tensors may be on while tracing: meta stands for CUDA
+_WIRES = {f.code: f for f in WIRE_FORMATS.values()}  # quant_format code -> its wire format
+_MAX_NUM_EXPERTS = 1 << 31  # exclusive: the kernels hold expert ids in int32
+_MAX_QUANT_HIDDEN = 1 << 30  # exclusive (MakeQuantRequest in csrc/workspace.h)
 
 
 def check_tensor(value: Any, name: str) -> None:
@@ -44,19 +55,67 @@ def check_dispatch_inputs(topk_ids: Any, payloads: Any) -> None:
         check_tensor(p, f"payloads[{i}]")
 
 
-def _check_workspace(workspace: torch.Tensor, ep_rank: int, ep_size: int) -> None:
+def _check_contiguous(t: torch.Tensor, name: str) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())} for shape {tuple(t.shape)}")
+
+
+def _check_same_device(t: torch.Tensor, ref: torch.Tensor, name: str, ref_name: str) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{name} must be on the same device as {ref_name} ({ref.device}), got {t.device}")
+
+
+def _check_on_gpu(t: torch.Tensor, name: str) -> None:
+    if t.device.type not in _GPU:
+        raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
+
+
+def _offset_aligned(t: torch.Tensor, alignment: int) -> bool:
+    """Whether ``t`` starts on an ``alignment``-byte boundary, as far as a traced tensor can tell: by its byte offset
+    into its storage, since CUDA memory (torch's allocator, symmetric memory) starts on 512-byte or coarser
+    boundaries. A CPU tensor is left to the C++, which reads the pointer (CPU allocations align to 64 bytes only)."""
+    return t.device.type == "cpu" or t.storage_offset() * t.element_size() % alignment == 0
+
+
+@functools.lru_cache(maxsize=256)
+def _workspace_bytes(sizes: tuple[int, ...]) -> int:
+    """Bytes of one rank's workspace, from the C++ layout (host arithmetic; imported here, as ops imports us)."""
+    from .jit import get_a2a_module
+
+    return int(get_a2a_module().get_workspace_size(*sizes))
+
+
+def _check_workspace(workspace: torch.Tensor, ep_rank: int, sizes: Sequence[int], devices=_GPU) -> None:
+    """``CheckCudaWorkspace`` (csrc/workspace.h): the rank, the device, then ``CheckWorkspace`` (csrc/common.h).
+    ``devices``: where the entry accepts it (initialize also takes a CPU workspace)."""
+    ep_size = sizes[0]
+    if not 0 <= ep_rank < ep_size:
+        raise ValueError(f"ep_rank must be in [0, ep_size={ep_size}), got {ep_rank}")
+    if workspace.device.type not in devices:
+        where = "a CUDA (or CPU) tensor" if "cpu" in devices else "a CUDA tensor"
+        raise ValueError(f"workspace must be {where}, got a tensor on {workspace.device}")
     if workspace.dtype != torch.uint8:
         raise TypeError(f"workspace must be uint8, got {workspace.dtype}")
     if workspace.dim() != 2 or workspace.shape[0] != ep_size:
         raise ValueError(f"workspace must have shape [ep_size={ep_size}, bytes_per_rank], got {tuple(workspace.shape)}")
-    if not 0 <= ep_rank < ep_size:
-        raise ValueError(f"ep_rank must be in [0, ep_size={ep_size}), got {ep_rank}")
+    if workspace.stride(1) != 1:
+        raise ValueError(f"workspace rows must be contiguous, got strides {tuple(workspace.stride())}")
+    needed = _workspace_bytes(tuple(sizes))
+    if workspace.shape[1] < needed:
+        raise ValueError(f"workspace has {workspace.shape[1]} bytes per rank, the layout needs {needed} (see "
+                         "get_workspace_size)")
+    if not _offset_aligned(workspace, 128) or workspace.stride(0) % 128:
+        raise ValueError(f"workspace rows must start on 128-byte boundaries, got storage offset "
+                         f"{workspace.storage_offset()} and row stride {workspace.stride(0)}")
 
 
-def _check_counts(recv_counts: torch.Tensor, ep_size: int) -> None:
+def _check_counts(recv_counts: torch.Tensor, ep_size: int, ref: torch.Tensor, ref_name: str = "workspace") -> None:
+    """``CheckRecvCounts`` (csrc/common.h): ``[ep_size] int32``, contiguous, on the device of ``ref``."""
     if recv_counts.dtype != torch.int32 or recv_counts.dim() != 1 or recv_counts.shape[0] != ep_size:
         raise ValueError(f"recv_counts must be int32 of shape [ep_size={ep_size}], got {recv_counts.dtype} "
                          f"{tuple(recv_counts.shape)}")
+    _check_contiguous(recv_counts, "recv_counts")
+    _check_same_device(recv_counts, ref, "recv_counts", ref_name)
 
 
 def _check_runtime_max(runtime_max: int, max_num_tokens: int) -> None:
@@ -83,43 +142,49 @@ def check_dispatch_recv_args(workspace: torch.Tensor, recv_counts: torch.Tensor,
                              runtime_max: int, timeout_s: float) -> None:
     """What the ``dispatch_recv`` entry checks."""
     check_sizes(*sizes)
-    _check_workspace(workspace, ep_rank, sizes[0])
-    _check_counts(recv_counts, sizes[0])
+    _check_workspace(workspace, ep_rank, sizes)
+    _check_counts(recv_counts, sizes[0], workspace)
     _check_runtime_max(runtime_max, sizes[1])
     _check_timeout(timeout_s)
 
 
-def check_initialize_args(workspace: torch.Tensor, metainfo: torch.Tensor, ep_rank: int, sizes: Sequence[int]) -> None:
+def check_initialize_args(workspace: torch.Tensor, metainfo: torch.Tensor, ep_rank: int, sizes: Sequence[int],
+                          num_metainfo: int) -> None:
+    """What the ``initialize`` entry checks; ``num_metainfo``: the entries of the metainfo tensor."""
     check_sizes(*sizes)
-    _check_workspace(workspace, ep_rank, sizes[0])
-    if metainfo.dtype != torch.int64 or metainfo.dim() != 1:
-        raise ValueError(f"metainfo must be a 1-D int64 tensor, got {metainfo.dtype} {tuple(metainfo.shape)}")
+    _check_workspace(workspace, ep_rank, sizes, ("cuda", "meta", "cpu"))
+    if (metainfo.dtype != torch.int64 or metainfo.dim() != 1 or metainfo.shape[0] != num_metainfo
+            or not metainfo.is_contiguous() or metainfo.device.type != "cpu"):
+        raise ValueError(f"metainfo must be a contiguous CPU int64 tensor of shape [{num_metainfo}], got "
+                         f"{metainfo.dtype} {tuple(metainfo.shape)} on {metainfo.device}")
 
 
 def check_dispatch_args(workspace: torch.Tensor, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor],
                         recv_counts: torch.Tensor, ep_rank: int, sizes: Sequence[int], runtime_max: int,
                         num_experts: int, timeout_s: float, quant_format: int,
-                        global_scale: Optional[torch.Tensor]) -> None:
-    """The checks of the C++ ``Dispatch`` entry that depend only on shapes, dtypes and sizes."""
+                        global_scale: Optional[torch.Tensor], swizzled_scales: bool = False) -> None:
+    """The checks of the C++ ``Dispatch`` entry (all but the data pointers': see :func:`_offset_aligned`)."""
     check_sizes(*sizes)
     ep_size, max_num_tokens, top_k = sizes[0], sizes[1], sizes[2]
-    _check_workspace(workspace, ep_rank, ep_size)
+    _check_workspace(workspace, ep_rank, sizes)
     check_dispatch_inputs(topk_ids, payloads)
     if topk_ids.dtype not in _IDS:
         raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids must be [num_tokens, top_k], got {topk_ids.dim()} dims")
+    _check_contiguous(topk_ids, "topk_ids")
+    _check_same_device(topk_ids, workspace, "topk_ids", "workspace")
     if not 1 <= topk_ids.shape[1] <= top_k:
         raise ValueError(f"topk_ids has top_k={topk_ids.shape[1]}, the workspace was built for top_k <= {top_k}")
     _check_runtime_max(runtime_max, max_num_tokens)
     num_tokens = topk_ids.shape[0]
     if num_tokens > runtime_max:
         raise ValueError(f"topk_ids has {num_tokens} tokens, more than runtime_max_tokens_per_rank={runtime_max}")
-    if num_experts < 1:
-        raise ValueError(f"num_experts must be >= 1, got {num_experts}")
-    _check_counts(recv_counts, ep_size)
+    if not 1 <= num_experts < _MAX_NUM_EXPERTS:
+        raise ValueError(f"num_experts must be in [1, 2^31), got {num_experts}")
+    _check_counts(recv_counts, ep_size, workspace)
     _check_timeout(timeout_s)
-    if quant_format not in range(4):
+    if quant_format not in QUANT_FORMAT_CODES:
         raise ValueError(f"quant_format must be 0 (none), 1 (fp8_block), 2 (mxfp8) or 3 (nvfp4), got {quant_format}")
     most = MAX_PAYLOADS - (quant_format != 0)
     if len(payloads) > most:
@@ -128,23 +193,78 @@ def check_dispatch_args(workspace: torch.Tensor, topk_ids: torch.Tensor, payload
         if p.dim() < 1 or p.shape[0] != num_tokens:
             raise ValueError(f"payloads[{i}] must have num_tokens={num_tokens} rows like topk_ids, got "
                              f"{tuple(p.shape)}")
-    if quant_format != 0:
+        _check_contiguous(p, f"payloads[{i}]")
+        _check_same_device(p, workspace, f"payloads[{i}]", "workspace")
+    _check_quant_request(payloads, quant_format, global_scale, swizzled_scales, workspace)
+    _check_payload_bytes(payloads, sizes, runtime_max, quant_format, swizzled_scales)
+
+
+def _check_quant_request(payloads: Sequence[torch.Tensor], quant_format: int, global_scale: Optional[torch.Tensor],
+                         swizzled_scales: bool, workspace: torch.Tensor) -> None:
+    """``CheckQuantRequest`` (csrc/dispatch.cu) and ``MakeQuantRequest`` (csrc/workspace.h)."""
+    wire = _WIRES.get(quant_format)
+    if wire is not None:
         if not payloads or payloads[0].dim() != 2 or payloads[0].dtype not in (torch.bfloat16, torch.float16):
             raise TypeError("payloads[0] (the hidden states to quantize) must be [num_tokens, hidden] bfloat16 or "
                             "float16")
-    if (global_scale is not None) != (quant_format == 3):
-        raise ValueError("quant_format nvfp4 needs global_scale" if quant_format == 3
+    nvfp4 = wire is not None and wire.name == "nvfp4"
+    if (global_scale is not None) != nvfp4:
+        raise ValueError("quant_format nvfp4 needs global_scale" if nvfp4
                          else "global_scale is only used by quant_format nvfp4")
+    if nvfp4:
+        if global_scale.dtype != torch.float32 or global_scale.numel() != 1:
+            raise ValueError(f"global_scale must be a float32 tensor of one element, got {global_scale.dtype} "
+                             f"{tuple(global_scale.shape)}")
+        _check_same_device(global_scale, workspace, "global_scale", "workspace")
+    if wire is None:
+        if swizzled_scales:
+            raise ValueError("swizzled_scales needs a quant_format")
+        return
+    hidden = payloads[0].shape[1]
+    if not 1 <= hidden < _MAX_QUANT_HIDDEN:
+        raise ValueError(f"the hidden size to quantize must be in [1, 2^30), got {hidden}")
+    if swizzled_scales and wire.name == "fp8_block":
+        raise ValueError("swizzled_scales needs one-byte scales (mxfp8 or nvfp4); fp8_block scales are fp32")
+
+
+def _check_payload_bytes(payloads: Sequence[torch.Tensor], sizes: Sequence[int], runtime_max: int, quant_format: int,
+                         swizzled_scales: bool) -> None:
+    """The row and block sizes ``PlanRecvRegions`` (csrc/workspace.h) checks against the workspace's sizes; a
+    quantized first payload counts as its values and scales (wire_formats, pinned to the C++ layout by
+    tests/test_dynamic_shapes.py)."""
+    max_num_tokens, dispatch_bytes = sizes[1], sizes[3]
+    wire = _WIRES.get(quant_format)
+    token_bytes = block_bytes = 0
+    for i, p in enumerate(payloads):
+        row = p.element_size() * math.prod(p.shape[1:])
+        if row < 1:
+            raise ValueError(f"payloads[{i}] has empty rows: shape {tuple(p.shape)}")
+        if i == 0 and wire is not None:
+            hidden = p.shape[1]
+            values, scales = wire.value_bytes(hidden), wire.scale_bytes_per_token(hidden)
+            token_bytes += values + scales
+            block_bytes += runtime_max * values + (wire.swizzled_scale_bytes(runtime_max, hidden) if swizzled_scales
+                                                   else runtime_max * scales)
+        else:
+            token_bytes += row
+            block_bytes += runtime_max * row
+    if token_bytes > dispatch_bytes:
+        raise ValueError(f"payloads need {token_bytes} bytes per token, the workspace was sized for "
+                         f"dispatch_bytes_per_token={dispatch_bytes}")
+    if block_bytes > max_num_tokens * dispatch_bytes:
+        raise ValueError(f"swizzled scales pad each source block to 128 rows: the payloads need {block_bytes} bytes "
+                         f"per source block, the workspace holds max_num_tokens * dispatch_bytes_per_token = "
+                         f"{max_num_tokens * dispatch_bytes}")
 
 
 def check_combine_args(workspace: torch.Tensor, partials: Optional[torch.Tensor], recv_counts: torch.Tensor,
                        out: torch.Tensor, ep_rank: int, sizes: Sequence[int], runtime_max: int, timeout_s: float,
                        quant_format: int, one_gpu_per_rank: bool = False, combine_mode: int = 0) -> None:
-    """The checks of the C++ ``Combine`` entry that depend only on shapes, dtypes and sizes."""
+    """The checks of the C++ ``Combine`` entry (all but the data pointers': see :func:`_offset_aligned`)."""
     check_sizes(*sizes)
     ep_size, max_num_tokens, combine_bytes = sizes[0], sizes[1], sizes[4]
-    _check_workspace(workspace, ep_rank, ep_size)
-    _check_counts(recv_counts, ep_size)
+    _check_workspace(workspace, ep_rank, sizes)
+    _check_counts(recv_counts, ep_size, workspace)
     _check_runtime_max(runtime_max, max_num_tokens)
     check_tensor(out, "out")
     check_optional_tensor(partials, "partials")
@@ -153,6 +273,8 @@ def check_combine_args(workspace: torch.Tensor, partials: Optional[torch.Tensor]
     if out.dim() != 2 or out.shape[0] > runtime_max:
         raise ValueError(f"out must be [num_tokens, hidden] with num_tokens <= runtime_max_tokens_per_rank="
                          f"{runtime_max}, got {tuple(out.shape)}")
+    _check_contiguous(out, "out")
+    _check_same_device(out, workspace, "out", "workspace")
     hidden = out.shape[1]
     if hidden < 1 or hidden * out.dtype.itemsize > combine_bytes:
         raise ValueError(f"combine rows of hidden={hidden} need {hidden * out.dtype.itemsize} bytes, the workspace "
@@ -160,23 +282,40 @@ def check_combine_args(workspace: torch.Tensor, partials: Optional[torch.Tensor]
     _check_timeout(timeout_s)
     if quant_format not in (0, 1):
         raise ValueError(f"combine quant_format must be 0 (none) or 1 (fp8_block), got {quant_format}")
-    if quant_format == 1 and out.dtype == torch.float32:
-        raise TypeError("an FP8-wire combine needs bfloat16 or float16 out")
+    fp8_wire = quant_format == 1
+    if fp8_wire:
+        if out.dtype == torch.float32:
+            raise TypeError("an FP8-wire combine needs bfloat16 or float16 out")
+        if hidden % FP8_WIRE_HIDDEN_MULTIPLE or hidden > FP8_WIRE_MAX_HIDDEN:
+            raise ValueError(f"an FP8-wire combine needs hidden % {FP8_WIRE_HIDDEN_MULTIPLE} == 0 and hidden <= "
+                             f"{FP8_WIRE_MAX_HIDDEN}, got hidden={hidden}")
+        if not _offset_aligned(out, 16):
+            raise ValueError("an FP8-wire combine needs out 16-byte aligned")
     if partials is not None:
         if partials.dtype != out.dtype:
             raise TypeError(f"partials must have the dtype of out ({out.dtype}), got {partials.dtype}")
         if tuple(partials.shape) != (ep_size, runtime_max, hidden):
             raise ValueError(f"partials must be [ep_size={ep_size}, runtime_max_tokens_per_rank={runtime_max}, "
                              f"hidden={hidden}], got {tuple(partials.shape)}")
+        _check_contiguous(partials, "partials")
+        _check_same_device(partials, workspace, "partials", "workspace")
+        # The C++ skips this for partials that are the workspace's combine region, which is 128-byte aligned.
+        if fp8_wire and not _offset_aligned(partials, 16):
+            raise ValueError("an FP8-wire combine needs partials 16-byte aligned")
     check_combine_mode_code(combine_mode, one_gpu_per_rank, hidden, out.dtype, combine_bytes, quant_format)
 
 
-def check_sanitize_args(recv_topk_ids: torch.Tensor, recv_counts: torch.Tensor) -> None:
+def check_sanitize_args(recv_topk_ids: torch.Tensor, recv_counts: torch.Tensor, invalid_id: int) -> None:
+    """What the ``sanitize_expert_ids`` entry checks."""
+    _check_on_gpu(recv_topk_ids, "recv_topk_ids")
     if recv_topk_ids.dtype not in _IDS:
         raise TypeError(f"recv_topk_ids must be int32 or int64, got {recv_topk_ids.dtype}")
     if recv_topk_ids.dim() != 3:
         raise ValueError(f"recv_topk_ids must be [ep_size, runtime_max, top_k], got {tuple(recv_topk_ids.shape)}")
-    _check_counts(recv_counts, recv_topk_ids.shape[0])
+    _check_contiguous(recv_topk_ids, "recv_topk_ids")
+    _check_counts(recv_counts, recv_topk_ids.shape[0], recv_topk_ids, "recv_topk_ids")
+    if recv_topk_ids.dtype == torch.int32 and not -(1 << 31) <= invalid_id < 1 << 31:
+        raise ValueError(f"invalid_id={invalid_id} does not fit int32 recv_topk_ids")
 
 
 def check_topk_ids_on_host(topk_ids: torch.Tensor, num_experts: int) -> None:
