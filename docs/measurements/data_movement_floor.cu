@@ -1,5 +1,5 @@
 // The data movement of one dispatch + combine step of simulated ranks, alone: no epochs, no flags, no waiting, one
-// kernel for every rank's share, all multiprocessors. Behind the "Data movement" figures of docs/benchmarks.md.
+// kernel for every rank's share, all multiprocessors. One of the probes of docs/benchmarks.md, "Where the time goes".
 //
 //   nvcc -arch=sm_90a -O3 -std=c++17 -o data_movement_floor docs/measurements/data_movement_floor.cu
 //   ./data_movement_floor            # 2 and 4 ranks at 1, 16, 64 and 128 tokens per rank

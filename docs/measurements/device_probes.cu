@@ -1,4 +1,5 @@
-// Device probes behind figures in docs/semantics.md ("Timeouts and errors", "Simulated ranks"); one H200, 2026-11-25.
+// Device probes for what docs/semantics.md states about the GPU's timer ("Timeouts and errors") and about the first
+// launches of a graph of simulated ranks ("Simulated ranks").
 //
 //   nvcc -arch=sm_90a -O3 -std=c++17 -o device_probes docs/measurements/device_probes.cu
 //   ./device_probes timer 200   # one thread watches %globaltimer against clock64 for 200 s: steps back, gaps > 1 ms

@@ -7,8 +7,8 @@
 
     python docs/measurements/nvlink_pull_push.py     # needs 2 GPUs with peer access, and cupy
 
-Two runs on 2×H200 (NV18), 2026-11-23, best of 1, 2 and 4 blocks of 512 threads per multiprocessor, per GPU:
-push 323.6 / 325.2 us (363 / 361 GB/s), pull 352.6 / 354.8 us (333 / 331 GB/s), pull+add 354.1 / 354.9 us.
+Prints, per design, the time on each GPU with 1, 2 and 4 blocks of 512 threads per multiprocessor. What it printed
+at the release is in docs/benchmarks.md ("Where the time goes").
 """
 
 import cupy as cp

@@ -8,11 +8,8 @@ that publishes, and of the one-kernel combine's first block) at the stage bounda
 of its own and runs ``--steps`` steps (30) of simulated ranks in one CUDA graph, replayed 20 times, with no event
 between steps. Prints per simulated-rank count and token count the step period (rank 0's dispatch start to the
 next, within a replay: median and mean) and the median time of each stage. A combine too large for one kernel is
-not stamped. The stamps cost a few instructions each; the package itself is left untouched. One H200, 2026-11-25,
-2 ranks, 1 token (us): period 9.15; dispatch: table+epoch 0.61, ids 1.41-1.44, route 0.51, copy 1.06-1.09,
-publish 0.70, peers 0.48-0.70; to combine 0.74-0.77; combine: epoch 0.42, publish 0.67, peers 0.35-0.61, pull
-0.96-1.06. Periods at 1 / 16 / 64 / 128 tokens: 1 rank 8.06 / 10.08 / 11.68 / 13.38, 2 ranks 9.15 / 11.01 / 12.51 /
-14.05, 4 ranks 10.56 / 12.45 / 17.66 / 30.21 (docs/benchmarks.md).
+not stamped. The stamps cost a few instructions each; the package itself is left untouched. What it printed at the
+release is in docs/benchmarks.md ("Where the time goes").
 """
 
 import argparse
