@@ -359,7 +359,9 @@ class NcclTransport:
         # A stable sort of "not mine" puts each block's rows for this rank first, in increasing token order: the
         # NVLink path's receive order. Rows past the count hold other rows of the block (unspecified by contract).
         order = torch.argsort(1 - mine, dim=1, stable=True)
-        order += torch.arange(0, ep_size * runtime_max, runtime_max, device=self.device).unsqueeze(1)
+        # Each source block's first row; a product, not arange's step, which may not be 0 (runtime_max 0: every
+        # rank without tokens).
+        order += (torch.arange(ep_size, device=self.device) * runtime_max).unsqueeze(1)
         order = order.view(-1)
         if traced.tracing():
             return traced.select_rows(gathered, order, wire, offsets[1:], ep_size, runtime_max), counts
