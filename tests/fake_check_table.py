@@ -308,7 +308,8 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
         Bad("dispatch", lambda: dict(quant_format=-1), ValueError, "quant_format must be 0")),
     "CheckQuantRequest: !payloads.empty() && TensorView(payloads[0]).ndim() == 2 && "
     "(IsDType(payloads[0], kDLBfloat, 16) || IsDType(payloads[0], kDLFloat, 16))": (
-        Bad("dispatch", lambda: quantizing(1, payloads=[]), TypeError, r"payloads\[0\] \(the hidden states to quantize"),
+        Bad("dispatch", lambda: quantizing(1, payloads=[]), TypeError,
+            r"payloads\[0\] \(the hidden states to quantize"),
         Bad("dispatch", lambda: quantizing(2, payloads=[rows(5, 2, 128)]), TypeError, r"payloads\[0\] \(the hidden"),
         Bad("dispatch", lambda: quantizing(1, payloads=[rows(5, 256, dtype=torch.float32)]), TypeError,
             "bfloat16 or float16")),
@@ -358,8 +359,8 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
         Bad("dispatch", lambda: quantizing(3, dispatch_bytes_per_token=143), ValueError, "payloads need 144 bytes")),
     # mxfp8 of 128: 132 bytes a token, but 16 rows of swizzled scales take a whole 128-row tile
     "PlanRecvRegions: total_block_bytes <= config.max_num_tokens * config.dispatch_bytes_per_token":
-        Bad("dispatch", lambda: quantizing(2, hidden=128, swizzled_scales=True, dispatch_bytes_per_token=132), ValueError,
-            "swizzled scales pad each source block to 128 rows"),
+        Bad("dispatch", lambda: quantizing(2, hidden=128, swizzled_scales=True, dispatch_bytes_per_token=132),
+            ValueError, "swizzled scales pad each source block to 128 rows"),
     # ---- DispatchRecv (csrc/dispatch.cu)
     "DispatchRecv: runtime_max_tokens_per_rank >= 0 && runtime_max_tokens_per_rank <= max_num_tokens": (
         Bad("dispatch_recv", lambda: dict(runtime_max_tokens_per_rank=17), ValueError,
