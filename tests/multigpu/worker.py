@@ -20,6 +20,7 @@ from flashinfer_a2a.moe_alltoall import MoeAlltoAll
 
 from .common import bootstrap, combine_partials, expect_timeout, make_inputs, shared_seed
 from .push_checks import check_pull_without_room, check_push, check_push_missing_rank  # noqa: F401 (by name)
+from .randomized import check_randomized  # noqa: F401 (by name)
 
 
 def round_trip(a2a: MoeAlltoAll, comm, tokens, top_k, hidden, num_experts, seed, *, zero_copy=False, skew=None,
