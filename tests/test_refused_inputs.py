@@ -115,12 +115,42 @@ def test_moe_alltoall_combine_and_its_halves_leave_the_dispatch_pending(moe, mon
 
 
 def test_a_refused_combine_can_be_made_again(moe, monkeypatch):
-    _launch_nothing(moe, monkeypatch)
+    calls = moe._eager()
+    monkeypatch.setattr(calls, "_dispatch", lambda *args: 0)
     ids, x = _inputs()
     moe.dispatch(ids, [x])
+    pending = moe._shared.pending
     _refused(moe.combine, "out must be", out="x")
     out = torch.full((3, HIDDEN), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^workspace must be a CUDA tensor$"):  # refused by the bound C++ entry
+        moe.combine(out=out)
+    assert moe._order.state == "dispatched" and moe._shared.pending is pending
+    monkeypatch.setattr(calls, "_combine", lambda *args: None)
     assert moe.combine(out=out) is out and moe._order.state == "idle"
+
+
+def test_traced_calls():
+    """Under torch.compile the Python checks run while dynamo traces: the TypeError (wrapped by dynamo under
+    fullgraph) names the argument before any op is recorded."""
+    workspace = torch.empty(1, CONFIG.bytes_per_rank, dtype=torch.uint8, device="meta")
+    ids, x = (t.to("meta") for t in _inputs())
+
+    def dispatch(topk_ids, hidden):
+        return fa.dispatch(workspace, 0, CONFIG, topk_ids, [hidden, None], MAX_TOKENS, EXPERTS)
+
+    def combine(partials):
+        return fa.combine(workspace, 0, CONFIG, torch.zeros(1, dtype=torch.int32, device="meta"), 3, MAX_TOKENS,
+                          partials, out="x")
+
+    for fn, args, match in ((dispatch, (ids, x), r"payloads\[1\] must be a torch.Tensor, got NoneType"),
+                            (combine, (torch.empty(1, MAX_TOKENS, HIDDEN, device="meta"),),
+                             "out must be a torch.Tensor or None, got str")):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=match):
+            torch.compile(fn, fullgraph=True, backend="eager")(*args)
+        torch._dynamo.reset()
+        with pytest.raises(TypeError, match=match):  # without fullgraph, the call falls back to eager Python
+            torch.compile(fn, backend="eager")(*args)
 
 
 def test_flashinfer_compat_dispatch():
