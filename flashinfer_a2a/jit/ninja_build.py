@@ -27,6 +27,8 @@ class NinjaTarget:
     library: Path
     cflags: tuple[str, ...]
     ldflags: tuple[str, ...]
+    #: Flags of one source each, in the order of ``sources`` (empty: none).
+    source_cflags: tuple[tuple[str, ...], ...] = ()
 
     def objects(self) -> list[Path]:
         stems = [s.stem for s in self.sources]
@@ -55,7 +57,8 @@ def render(targets: Sequence[NinjaTarget]) -> str:
         f"cxx = {config.cxx().replace('$', '$$')}",
         "",
         "rule nvcc",
-        "  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d $cflags -c $in -o $out",
+        "  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d $cflags $srcflags -c $in "
+        "-o $out",
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = nvcc $out",
@@ -68,8 +71,10 @@ def render(targets: Sequence[NinjaTarget]) -> str:
     for t in targets:
         objects = t.objects()
         lines += ["", f"{t.name}_cflags = {_shell(t.cflags)}", f"{t.name}_ldflags = {_shell(t.ldflags)}"]
-        for src, obj in zip(t.sources, objects):
+        for i, (src, obj) in enumerate(zip(t.sources, objects)):
             lines += [f"build {_path(obj)}: nvcc {_path(src)}", f"  cflags = ${t.name}_cflags"]
+            if t.source_cflags and t.source_cflags[i]:
+                lines.append(f"  srcflags = {_shell(t.source_cflags[i])}")
         lines += [
             f"build {_path(t.library)}: link {' '.join(_path(o) for o in objects)}",
             f"  ldflags = ${t.name}_ldflags",

@@ -69,6 +69,7 @@ class JitSpec:
             obj_dir=obj_dir,
             library=library,
             cflags=tuple(toolchain.cuda_cflags(archs, list(self.extra_include_dirs), list(self.extra_cuda_cflags))),
+            source_cflags=tuple(tuple(toolchain.source_cflags(s)) for s in self.sources),
             ldflags=tuple(toolchain.ldflags(list(self.extra_ldflags))),
         )
 

@@ -110,6 +110,25 @@ def cuda_cflags(archs: list[str], extra_include_dirs: list[Path], extra_cflags: 
     return flags
 
 
+def source_cflags(source: Path) -> list[str]:
+    """nvcc flags of one source: the name cudafe++ derives the module's internal symbol names from.
+
+    nvcc names what has internal linkage in a .cu file ``_INTERNAL_<hash>_..._<file>_...``, the hash taken from the
+    source's path, and those names reach the library's symbol tables and its device code. The mapped name
+    (``csrc/combine.cu``) makes them, and so the library, the same wherever the checkout lies.
+    """
+    return ["-Xcudafe", f"--orig_src_path_name={mapped_path(source)}"]
+
+
+def mapped_path(path: Path) -> str:
+    """``path`` as :func:`file_prefix_map` rewrites it (the last matching entry wins, as in the compilers)."""
+    text = str(path)
+    for old, new in reversed(file_prefix_map()):
+        if text.startswith(old):
+            return new + text[len(old):]
+    return text
+
+
 def file_prefix_map() -> list[tuple[str, str]]:
     """(directory + "/", what it becomes) for every tree the sources and headers come from.
 

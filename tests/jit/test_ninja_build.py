@@ -36,6 +36,16 @@ def test_render_one_object_per_source_with_depfiles(tmp_path):
     assert "'-DX=$$HOME'" in text and "'-Wl,-rpath,$$ORIGIN/lib'" in text
 
 
+def test_render_gives_each_source_its_own_flags(tmp_path):
+    t = target(tmp_path, ["a.cu", "b.cu"])
+    t = ninja_build.NinjaTarget(**{**t.__dict__, "source_cflags": (("-DA=1",), ())})
+    text = ninja_build.render([t])
+    assert "$cflags $srcflags -c $in" in text
+    a, b = text.split(f"build {tmp_path}/obj$ dir/a.o")[1], text.split(f"build {tmp_path}/obj$ dir/b.o")[1]
+    assert a.splitlines()[1:3] == ["  cflags = $demo_cflags", "  srcflags = -DA=1"]
+    assert "srcflags" not in b.split("build ")[0], "a source without flags of its own gets no srcflags line"
+
+
 def test_sources_sharing_a_stem_are_refused(tmp_path):
     with pytest.raises(ValueError, match="stem"):
         target(tmp_path, ["x/a.cu", "y/a.cu"]).objects()

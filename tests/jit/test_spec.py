@@ -152,3 +152,40 @@ def test_missing_cutlass_names_the_packages_to_install(probe, monkeypatch):
         spec.load()
     assert "nvidia-cutlass" in str(err.value)
     assert not list(spec.build_dir.glob("*.o")) and not spec.jit_library_path.exists(), "nothing was compiled"
+
+
+REPRODUCIBLE_CU = """\
+#include <tvm/ffi/function.h>
+
+namespace {
+__device__ int scale_by = 3;  // internal linkage: nvcc names it after the source's path
+__global__ void Scale(int* x) { *x *= scale_by; }
+}  // namespace
+
+int64_t ProbeAdd(int64_t a, int64_t b) {
+  TVM_FFI_ICHECK(a >= 0) << "a is " << a;  // __FILE__
+  return a + b + (reinterpret_cast<intptr_t>(&Scale) == 0);
+}
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(probe_add, ProbeAdd);
+"""
+
+
+def test_checkouts_in_different_places_build_the_same_library(tmp_path, monkeypatch):
+    # What a wheel built in /home/a/flashinfer_a2a and one built in /tmp/x/y/flashinfer_a2a must share: every byte.
+    # The paths reach a library through __FILE__ (-ffile-prefix-map), nvcc's temporary file names (local symbols,
+    # dropped at link) and the hash of internal symbol names (-Xcudafe --orig_src_path_name).
+    libraries = []
+    for root in (tmp_path / "a", tmp_path / "b" / "deeper"):
+        (root / "csrc").mkdir(parents=True)
+        (root / "csrc" / "probe.cu").write_text(REPRODUCIBLE_CU)
+        monkeypatch.setattr(toolchain, "source_root", lambda root=root: root)
+        monkeypatch.setenv("FLASHINFER_A2A_CUDA_ARCH_LIST", "9.0a")
+        monkeypatch.setenv("FLASHINFER_A2A_CACHE_DIR", str(root / "cache"))
+        monkeypatch.setenv("FLASHINFER_A2A_AOT_DIR", str(root / "no_aot"))
+        spec = JitSpec("probe", (root / "csrc" / "probe.cu",))
+        assert spec.build() is True
+        assert spec.load().probe_add(2, 3) == 5
+        libraries.append(spec.jit_library_path.read_bytes())
+        assert str(root).encode() not in libraries[-1]
+    assert libraries[0] == libraries[1]

@@ -39,6 +39,12 @@ def test_cuda_cflags(tmp_path):
     assert len(includes) == len(set(includes))
 
 
+def test_each_source_names_itself_by_its_mapped_path(tmp_path):
+    # cudafe++ hashes this name into the internal symbol names, so it must not hold where the checkout lies.
+    assert toolchain.source_cflags(REPO / "csrc" / "combine.cu") == ["-Xcudafe", "--orig_src_path_name=csrc/combine.cu"]
+    assert toolchain.mapped_path(tmp_path / "x.cu") == str(tmp_path / "x.cu"), "outside every mapped tree: as is"
+
+
 def test_cutlass_headers_are_found():
     assert (toolchain.cutlass_include_dir() / "cutlass" / "cutlass.h").is_file()
 
