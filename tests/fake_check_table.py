@@ -35,6 +35,15 @@ def workspace(device: str = "cuda", sizes: Optional[dict] = None, **view) -> tor
     return tensor(torch.uint8, (sizes["ep_size"], ws_bytes(**sizes)), device, **view)
 
 
+def _foreign_workspace() -> torch.Tensor:
+    """A fake workspace on a device that is neither CUDA nor the CPU (XPU). Some torch builds initialize the device's
+    runtime even for a fake tensor and refuse (torch 2.11: 'Torch not compiled with XPU enabled'): skipped there."""
+    try:
+        return workspace("xpu")
+    except (AssertionError, RuntimeError) as exc:
+        pytest.skip(f"this torch cannot make a fake XPU tensor ({exc})")
+
+
 def ids(*shape: int, dtype=torch.int32, device="cuda", **view) -> torch.Tensor:
     return tensor(dtype, shape, device, **view)
 
@@ -257,7 +266,7 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
         Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (17,))), ValueError, "CPU int64")),
     # A real tensor here is on CUDA or the CPU; a fake one may claim another device.
     "Initialize: IsCuda(workspace)":
-        Bad("initialize", lambda: dict(workspace=workspace("xpu")), ValueError,
+        Bad("initialize", lambda: dict(workspace=_foreign_workspace()), ValueError,
             r"workspace must be a CUDA \(or CPU\) tensor", real=False),
     # ---- Dispatch (csrc/dispatch.cu)
     "Dispatch: payloads[p].defined()":
