@@ -52,8 +52,8 @@ class MoeAlltoAll(SplitPhaseMixin):
         push_combine: size the combine region for the pushed combine of plain ``dtype`` partials too (twice the
             combine bytes per token): with every rank on a GPU of its own, :meth:`combine` then stores each partial
             into its owner's workspace and the owner sums the rows as they land (stores cross NVLink faster than
-            loads), instead of every owner pulling the partials after all ranks published them. On 2xH200 that is
-            faster at 8192 tokens per rank and about 6 us slower per call at 1024 and below (docs/benchmarks.md).
+            loads), instead of every owner pulling the partials after all ranks published them. On 2xH100 that is
+            faster at 8192 tokens per rank and 7 to 11 us slower per combine at 1024 and below (docs/benchmarks.md).
             These two arguments alone choose the pushed combine (see :meth:`combine_mode`); a large
             ``combine_bytes_per_token`` never does.
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive
