@@ -141,7 +141,7 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
                                stream));
 }
 
-// The eager fast path (flashinfer_a2a/eager_calls.py): Combine with the arguments fixed for one MoeAlltoAll bound
+// The eager fast path (flashinfer_a2a/transports/nvlink_eager.py): Combine with the arguments fixed for one MoeAlltoAll bound
 // once, as BindDispatch does for Dispatch.
 tvm::ffi::Function BindCombine(tvm::ffi::Tensor workspace, tvm::ffi::Tensor recv_counts, int64_t ep_rank,
                                int64_t ep_size, int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,

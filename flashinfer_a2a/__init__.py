@@ -4,7 +4,7 @@ Importing compiles nothing: the CUDA library is built (or its AOT copy loaded) o
 """
 
 from ._version import __version__
-from .errors import A2AError, check_error
+from .library.errors import A2AError, check_error
 from .functional import (
     MAX_EP_SIZE,
     MAX_PAYLOADS,

@@ -16,13 +16,13 @@ from typing import Optional, Sequence
 import torch
 
 from . import config as _config
-from . import ops
-from .combine_mode import combine_mode_code
-from .constants import MAX_EP_SIZE, MAX_PAYLOADS, MAX_TOP_K, check_sizes  # noqa: F401 - public re-exports
-from .errors import check_error
-from .layout import empty_workspace  # noqa: F401 - public re-export
-from .validation import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
-from .wire_formats import WIRE_FORMATS, WireFormat, check_combine_format, wire_format
+from .library import ops
+from .library.combine_mode import combine_mode_code
+from .library.constants import MAX_EP_SIZE, MAX_PAYLOADS, MAX_TOP_K, check_sizes  # noqa: F401 - public re-exports
+from .library.errors import check_error
+from .library.layout import empty_workspace  # noqa: F401 - public re-export
+from .library.checks import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
+from .library.wire_formats import WIRE_FORMATS, WireFormat, check_combine_format, wire_format
 
 
 
@@ -244,7 +244,7 @@ def dispatch(
         debug: check the ids on the host before the launch and the error record after it, in eager calls (default
             ``FLASHINFER_A2A_DEBUG``; slow).
         quant_format: quantize ``payloads[0]`` (``[num_tokens, hidden]`` bf16|fp16 hidden states) while sending it:
-            ``"fp8_block"``, ``"mxfp8"`` or ``"nvfp4"`` (:mod:`flashinfer_a2a.wire_formats`), bitwise as the
+            ``"fp8_block"``, ``"mxfp8"`` or ``"nvfp4"`` (:mod:`flashinfer_a2a.library.wire_formats`), bitwise as the
             reference quantizers of :mod:`flashinfer_a2a.reference.quant`. It then arrives as two views: values
             ``[ep_size, runtime_max, value_bytes]`` and scales.
         global_scale: NVFP4 only (required): the per-tensor fp32 scale, a one-element device tensor (or a float).
@@ -422,7 +422,7 @@ def combine(
         combine_mode: ``"pull"`` (default): every rank publishes its partials and each token's owner loads and sums
             them. ``"push"``: each rank stores its partials into their owners' workspaces and the owners sum them
             as they land; needs ``one_gpu_per_rank`` and ``config.combine_bytes_per_token`` with room for a landing
-            row per token after the partials (:func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`),
+            row per token after the partials (:func:`flashinfer_a2a.library.wire_formats.push_combine_bytes_per_token`),
             else ``ValueError`` before any launch. The mode is never inferred from the sizes: every rank of a call
             must pass the same one.
         quant_format: ``"fp8_block"``: the partials for other ranks cross NVLink as FP8 E4M3 with an fp32 scale per

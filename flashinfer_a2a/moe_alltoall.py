@@ -9,16 +9,17 @@ import torch
 
 from . import config as _config
 from . import functional as F
-from . import shared_workspace, sizing
+from .memory import shared_workspace
+from .library import sizing
 from .agreement import check_agreement, construction_record
-from .combine_mode import combine_mode_code, pushed_wires
+from .library.combine_mode import combine_mode_code, pushed_wires
 from .comm import as_communicator
-from .eager_calls import EagerCalls
-from .lifecycle import barrier_within
-from .nccl_transport import NcclTransport, check_transport, process_group_of, resolve_transport
+from .transports.nvlink_eager import EagerCalls
+from .memory.lifecycle import barrier_within
+from .transports.nccl import NcclTransport, check_transport, process_group_of, resolve_transport
 from .split_phase import SplitPhaseMixin
-from .validation import check_combine_tensors
-from .wire_formats import check_combine_format, wire_format
+from .library.checks import check_combine_tensors
+from .library.wire_formats import check_combine_format, wire_format
 
 _INSTANCES = itertools.count()  # names each instance's eager calls in its shared workspace
 
@@ -41,12 +42,12 @@ class MoeAlltoAll(SplitPhaseMixin):
         extra_dispatch_bytes_per_token: room for further payloads (scales, ...). By default room for int64 top-k ids
             and fp32 top-k weights.
         dispatch_format: the hidden states travel quantized in this format (``"fp8_block"``, ``"mxfp8"`` or
-            ``"nvfp4"``, see :mod:`flashinfer_a2a.wire_formats`), pre-quantized (values and scales as two payloads)
+            ``"nvfp4"``, see :mod:`flashinfer_a2a.library.wire_formats`), pre-quantized (values and scales as two payloads)
             or quantized by :meth:`dispatch` (``quant_format``): dispatch rows are sized for its values and scales
             instead of ``dtype``; combine rows stay ``hidden_size`` x ``dtype``.
         swizzled_scales: size for scales received in the 128x4-tile layout (its padding to 128 rows).
         combine_format: ``"fp8_block"`` sizes the combine region for the pushed FP8-wire combine (see
-            :func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`): with every rank on a GPU of its own,
+            :func:`flashinfer_a2a.library.wire_formats.push_combine_bytes_per_token`): with every rank on a GPU of its own,
             ``combine(quant_format="fp8_block")`` then lands the FP8 rows in their owners' workspaces while the
             owners sum the rows already there, instead of quantizing first and pulling after.
         push_combine: size the combine region for the pushed combine of plain ``dtype`` partials too (twice the
@@ -61,13 +62,13 @@ class MoeAlltoAll(SplitPhaseMixin):
         device: this rank's GPU (default: the current device); ``"cpu"`` with ``transport="nccl"`` over gloo.
         transport: ``"nvlink"`` (one-sided, symmetric memory), ``"nccl"`` (the collectives of ``group``, a
             ``torch.distributed`` process group: across nodes, or on CPU over gloo; see
-            :mod:`flashinfer_a2a.nccl_transport` and docs/multi_node.md) or ``"auto"``: nvlink when every rank can map
+            :mod:`flashinfer_a2a.transports.nccl` and docs/multi_node.md) or ``"auto"``: nvlink when every rank can map
             every peer's memory, decided collectively, else nccl. The same calls, layouts and results either way,
             and both trace under ``torch.compile(fullgraph=True)`` (nccl: padded mode, docs/multi_node.md).
         exact: nccl only: exchange the counts first (a host synchronisation, eager only), then move only the routed
             rows instead of every rank's ``runtime_max`` rows.
         namespace: every MoeAlltoAll of one group and namespace shares one workspace, grown to the largest of their
-            sizes (:mod:`flashinfer_a2a.shared_workspace`); give a draft model, or graphs live alongside others,
+            sizes (:mod:`flashinfer_a2a.memory.shared_workspace`); give a draft model, or graphs live alongside others,
             a namespace of its own. One dispatch may be pending per shared workspace.
         num_sms: SM budget: the kernels size their grids as if the GPU had this many multiprocessors (None: all),
             so compute running beside them (split-phase calls, :mod:`flashinfer_a2a.split_phase`) keeps the rest.

@@ -23,8 +23,8 @@ from typing import Optional, Sequence
 import torch
 
 from . import functional as F
-from . import ops
-from .validation import check_combine_tensors, check_optional_tensor
+from .library import ops
+from .library.checks import check_combine_tensors, check_optional_tensor
 
 # Phase codes of the ops' ``phase`` argument, the values of DispatchPhase / CombinePhase in C++.
 BOTH, SEND, RECV = 0, 1, 2

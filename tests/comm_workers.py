@@ -153,7 +153,7 @@ def check_subgroup(rank: int, world_size: int, tmp: Path) -> None:
 def exchange_memfds(comm, *, timeout_s: float = 10.0) -> None:
     """Each rank shares a memfd holding ``rank <r>``; checks every rank reads every peer's, writes through to a
     peer's object, and that no descriptor or thread is left over."""
-    from flashinfer_a2a.fd_exchange import allgather_fds
+    from flashinfer_a2a.memory.fd_exchange import allgather_fds
 
     rank, size = comm.rank, comm.size
 
@@ -195,7 +195,7 @@ def check_fd_exchange(rank: int, world_size: int, tmp: Path) -> None:
 
 def check_fd_hung_peer(rank: int, world_size: int, tmp: Path) -> None:
     """Rank 1 takes part in the collectives but never serves or connects: the others time out naming it."""
-    from flashinfer_a2a import fd_exchange
+    from flashinfer_a2a.memory import fd_exchange
     from flashinfer_a2a.comm import as_communicator
 
     comm = as_communicator(None)
@@ -223,7 +223,7 @@ def check_fd_hung_peer(rank: int, world_size: int, tmp: Path) -> None:
 def check_fd_bad_fd(rank: int, world_size: int, tmp: Path) -> None:
     """Rank 1 passes a closed fd: it gets ValueError, the others RuntimeError naming it; no collective is lost."""
     from flashinfer_a2a.comm import as_communicator
-    from flashinfer_a2a.fd_exchange import allgather_fds
+    from flashinfer_a2a.memory.fd_exchange import allgather_fds
 
     comm = as_communicator(None)
     fd = os.memfd_create("bad_fd_test")
@@ -239,7 +239,7 @@ def check_fd_bad_fd(rank: int, world_size: int, tmp: Path) -> None:
 
 def check_same_host(rank: int, world_size: int, tmp: Path) -> None:
     from flashinfer_a2a.comm import as_communicator
-    from flashinfer_a2a.fd_exchange import same_host
+    from flashinfer_a2a.memory.fd_exchange import same_host
 
     assert same_host(as_communicator(None)) is True
 
@@ -262,7 +262,7 @@ def mpi_main(check: str) -> None:
     from mpi4py import MPI
 
     from flashinfer_a2a.comm import MpiCommunicator, as_communicator
-    from flashinfer_a2a.fd_exchange import same_host
+    from flashinfer_a2a.memory.fd_exchange import same_host
 
     comm = as_communicator(MPI.COMM_WORLD)
     assert isinstance(comm, MpiCommunicator)

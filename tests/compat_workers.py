@@ -78,7 +78,7 @@ def check_split(rank: int, world_size: int, tmp: Path) -> None:
 
 class _CpuAllocation:
     """A workspace in this process's CPU memory (the ``allocate_workspace`` interface of
-    :mod:`flashinfer_a2a.shared_workspace`): this rank's row is its own, as with symmetric memory."""
+    :mod:`flashinfer_a2a.memory.shared_workspace`): this rank's row is its own, as with symmetric memory."""
 
     one_gpu_per_rank = False
 
@@ -124,7 +124,7 @@ def check_checkpoint(rank: int, world_size: int, tmp: Path) -> None:
     import torch.distributed as dist
 
     from flashinfer_a2a import functional as F
-    from flashinfer_a2a import shared_workspace
+    from flashinfer_a2a.memory import shared_workspace
     from flashinfer_a2a.compat import checkpoint
     from flashinfer_a2a.compat import flashinfer as fi
 
@@ -182,10 +182,10 @@ def check_checkpoint_vmm(rank: int, world_size: int, tmp: Path) -> None:
     its old address; a rank that cannot allocate makes the exchange fail on every rank, not hang it."""
     import os
 
-    from flashinfer_a2a import _cuda_driver as drv
+    from flashinfer_a2a.memory import cuda_driver as drv
     from flashinfer_a2a.compat import checkpoint
     from flashinfer_a2a.compat.comm_backend import CommBackendCommunicator, TorchDistBackend
-    from flashinfer_a2a.symm_mem import SymmetricWorkspace, _Mapping
+    from flashinfer_a2a.memory.symm_mem import SymmetricWorkspace, _Mapping
 
     calls, created = [], []
 

@@ -13,6 +13,7 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import functional as F
 from flashinfer_a2a.jit import get_a2a_module
+from flashinfer_a2a.library import ops as fa_ops
 
 SIZES = dict(ep_size=2, max_num_tokens=16, top_k=4, dispatch_bytes_per_token=4096, combine_bytes_per_token=512)
 
@@ -69,7 +70,7 @@ def valid_args(op: str, sizes: dict, given: dict) -> dict:
                     invalid_id=given.get("invalid_id", -1))
     args = dict(workspace=arg("workspace", lambda: workspace(sizes=sizes)), ep_rank=given.get("ep_rank", 0), **sizes)
     if op == "initialize":
-        args["metainfo"] = arg("metainfo", lambda: tensor(torch.int64, (len(fa.ops.METAINFO_NAMES),), "cpu"))
+        args["metainfo"] = arg("metainfo", lambda: tensor(torch.int64, (len(fa_ops.METAINFO_NAMES),), "cpu"))
         return args
     args["recv_counts"] = arg("recv_counts", counts)
     defaults = {

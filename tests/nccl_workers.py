@@ -116,7 +116,7 @@ def check_transport(rank: int, ep_size: int, device, exact: bool = False) -> Non
 
 def check_errors(rank: int, ep_size: int, device) -> None:
     """The NVLink path's errors, raised alike on every rank before any collective (so no rank hangs)."""
-    from flashinfer_a2a.nccl_transport import NcclTransport
+    from flashinfer_a2a.transports.nccl import NcclTransport
 
     moe = MoeAlltoAll(None, max_num_tokens=8, top_k=2, num_experts=4, hidden_size=16, device=device,
                       transport="nccl")

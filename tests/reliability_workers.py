@@ -70,7 +70,7 @@ def check_bad_argument_on_one_rank(rank: int, world_size: int, tmp: Path) -> Non
 def check_destroy_with_dead_peer(rank: int, world_size: int, tmp: Path) -> None:
     """The last rank dies; the others' teardown frees their mappings within the timeout, with a warning."""
     from flashinfer_a2a.comm import as_communicator
-    from flashinfer_a2a.lifecycle import release_workspace
+    from flashinfer_a2a.memory.lifecycle import release_workspace
 
     comm = as_communicator(None)
     comm.barrier()
@@ -91,7 +91,7 @@ def check_destroy_with_dead_peer(rank: int, world_size: int, tmp: Path) -> None:
 def check_destroy_all_alive(rank: int, world_size: int, tmp: Path) -> None:
     """With every rank alive the teardown barrier passes and frees once, with no warning."""
     from flashinfer_a2a.comm import as_communicator
-    from flashinfer_a2a.lifecycle import release_workspace
+    from flashinfer_a2a.memory.lifecycle import release_workspace
 
     time.sleep(0.2 * rank)  # ranks arrive at different times: the barrier still passes
     freed = []
@@ -104,7 +104,7 @@ def check_destroy_all_alive(rank: int, world_size: int, tmp: Path) -> None:
 def check_missing_peer_is_named(rank: int, world_size: int, tmp: Path) -> None:
     """Debug mode's wait for the peers: bounded by the given timeout (not the group's), naming the late rank."""
     from flashinfer_a2a.comm import as_communicator
-    from flashinfer_a2a.lifecycle import barrier_within
+    from flashinfer_a2a.memory.lifecycle import barrier_within
 
     comm = as_communicator(None)
     assert barrier_within(comm, 10.0) == (True, "")

@@ -12,11 +12,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashinfer_a2a as fa
-from flashinfer_a2a import constants
-from flashinfer_a2a.combine_mode import COMBINE_MODES, combine_mode_code, pushed_wires
+from flashinfer_a2a.library import constants
+from flashinfer_a2a.library.combine_mode import COMBINE_MODES, combine_mode_code, pushed_wires
 from flashinfer_a2a.functional import empty_workspace
 from flashinfer_a2a.moe_alltoall import MoeAlltoAll
-from flashinfer_a2a.wire_formats import push_combine_bytes_per_token
+from flashinfer_a2a.library.wire_formats import push_combine_bytes_per_token
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
 

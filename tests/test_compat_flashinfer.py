@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from flashinfer_a2a import functional as F
-from flashinfer_a2a import shared_workspace
+from flashinfer_a2a.memory import shared_workspace
 from flashinfer_a2a.compat import checkpoint
 from flashinfer_a2a.compat import flashinfer as fi
-from flashinfer_a2a.simulated_group import SimulatedGroup
+from flashinfer_a2a.testing.simulated_group import SimulatedGroup
 
 from .compat_workers import spawn
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from flashinfer_a2a import shared_workspace
+from flashinfer_a2a.memory import shared_workspace
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = (REPO / "docs" / "examples" / "quickstart.py").read_text()

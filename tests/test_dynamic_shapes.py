@@ -8,7 +8,7 @@ import torch
 
 import flashinfer_a2a as fa
 from flashinfer_a2a import functional as F
-from flashinfer_a2a.wire_formats import WIRE_FORMATS
+from flashinfer_a2a.library.wire_formats import WIRE_FORMATS
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
 

@@ -1,4 +1,4 @@
-"""MoeAlltoAll's eager path on CPU (flashinfer_a2a.eager_calls): its calls reach the bound C++ entry points, skip
+"""MoeAlltoAll's eager path on CPU (flashinfer_a2a.transports.nvlink_eager): its calls reach the bound C++ entry points, skip
 the ops and the functional layer, are refused before any launch with errors in the caller's terms, and leave the call
 order where it was when refused. (tests/gpu/test_moe_alltoall_one_rank.py runs the path on a GPU.)"""
 
@@ -7,9 +7,10 @@ import torch
 
 import flashinfer_a2a as fa
 from flashinfer_a2a import functional as F
-from flashinfer_a2a import ops, shared_workspace
-from flashinfer_a2a.eager_calls import EagerCalls
-from flashinfer_a2a.simulated_group import SimulatedGroup
+from flashinfer_a2a.library import ops
+from flashinfer_a2a.memory import shared_workspace
+from flashinfer_a2a.transports.nvlink_eager import EagerCalls
+from flashinfer_a2a.testing.simulated_group import SimulatedGroup
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from flashinfer_a2a import fd_exchange
-from flashinfer_a2a.fd_exchange import allgather_fds, same_host
+from flashinfer_a2a.memory import fd_exchange
+from flashinfer_a2a.memory.fd_exchange import allgather_fds, same_host
 
 from .comm_workers import open_fds, spawn
 from .test_comm import ListComm, check_under_mpirun

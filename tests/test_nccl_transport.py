@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashinfer_a2a import MoeAlltoAll
-from flashinfer_a2a.nccl_transport import _pack_bits, check_transport, process_group_of, rank_mask, resolve_transport
+from flashinfer_a2a.transports.nccl import _pack_bits, check_transport, process_group_of, rank_mask, resolve_transport
 from flashinfer_a2a.reference import random_topk_ids, token_rank_mask
 
 from .nccl_workers import spawn_gloo
@@ -129,7 +129,8 @@ class _GpuRanks:
 
 
 def test_auto_says_once_on_rank_0_when_gpus_fall_back_to_nccl(monkeypatch):
-    from flashinfer_a2a import nccl_transport, symm_mem
+    from flashinfer_a2a.transports import nccl as nccl_transport
+    from flashinfer_a2a.memory import symm_mem
 
     no_vmm = {"host": "h", "gpu": "g", "vmm": False, "fd": False, "fabric": False}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -149,7 +150,7 @@ def test_auto_says_once_on_rank_0_when_gpus_fall_back_to_nccl(monkeypatch):
 
 
 def test_the_no_peer_access_hint_names_the_nccl_transport():
-    from flashinfer_a2a import symm_mem
+    from flashinfer_a2a.memory import symm_mem
 
     assert "transport='nccl'" in symm_mem.NCCL_HINT and "transport='auto'" in symm_mem.NCCL_HINT
     with pytest.raises(RuntimeError, match="transport='nccl'"):

@@ -6,7 +6,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashinfer_a2a as fa
-from flashinfer_a2a import ops
+from flashinfer_a2a.library import ops
 from flashinfer_a2a.functional import empty_workspace
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
@@ -165,7 +165,7 @@ def test_dispatch_sanitize_combine_fakes_trace_fullgraph():
                                           ("nvfp4", True)])
 def test_quantizing_dispatch_and_fp8_combine_trace_fullgraph(fmt, swizzled):
     """The quantization arguments reach the ops in the traced graph; the receive views have the format's shapes."""
-    from flashinfer_a2a.wire_formats import wire_format
+    from flashinfer_a2a.library.wire_formats import wire_format
 
     hidden, top_k, runtime_max = 1040, 4, 40
     wire = wire_format(fmt)

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import flashinfer_a2a as fa
-from flashinfer_a2a import MoeAlltoAll, shared_workspace, split_phase
+from flashinfer_a2a import MoeAlltoAll, split_phase
+from flashinfer_a2a.memory import shared_workspace
 from flashinfer_a2a.compat import flashinfer as fi
-from flashinfer_a2a.simulated_group import SimulatedGroup
+from flashinfer_a2a.testing.simulated_group import SimulatedGroup
 
 from .comm_workers import expect_raises
 from .nccl_workers import spawn_gloo

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from flashinfer_a2a.agreement import check_agreement, construction_record
-from flashinfer_a2a.lifecycle import bounded
+from flashinfer_a2a.memory.lifecycle import bounded
 
 from .reliability_workers import spawn
 
@@ -82,7 +82,7 @@ def test_stream_order_waits_for_the_previous_steps_stream(monkeypatch):
     waits only for an earlier captured step's stream that is still capturing; the steady state waits for nothing."""
     import torch
 
-    from flashinfer_a2a import lifecycle
+    from flashinfer_a2a.memory import lifecycle
 
     class Stream:
         def __init__(self, handle):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import flashinfer_a2a as fa
-from flashinfer_a2a import shared_workspace
-from flashinfer_a2a.simulated_group import SimulatedGroup
-from flashinfer_a2a.sizing import workspace_config
+from flashinfer_a2a.memory import shared_workspace
+from flashinfer_a2a.testing.simulated_group import SimulatedGroup
+from flashinfer_a2a.library.sizing import workspace_config
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
 

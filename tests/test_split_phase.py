@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import flashinfer_a2a as fa
-from flashinfer_a2a import MoeAlltoAll, ops
+from flashinfer_a2a import MoeAlltoAll
+from flashinfer_a2a.library import ops
 from flashinfer_a2a import split_phase as sp
 from flashinfer_a2a.split_phase import CallOrder
 
@@ -133,7 +134,7 @@ class _CpuWorkspace:
 def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
     """MoeAlltoAll's split calls on the CPU, the launches replaced by recorders: calls out of order raise and launch
     nothing; a send then its receive launch once each, with the object's SM budget."""
-    from flashinfer_a2a import eager_calls
+    from flashinfer_a2a.transports import nvlink_eager as eager_calls
 
     class Comm(_OneRank):
         def barrier(self):

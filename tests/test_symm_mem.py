@@ -2,8 +2,8 @@
 
 import pytest
 
-from flashinfer_a2a import _cuda_driver as drv
-from flashinfer_a2a.symm_mem import choose_handle_type
+from flashinfer_a2a.memory import cuda_driver as drv
+from flashinfer_a2a.memory.symm_mem import choose_handle_type
 
 
 def _caps(host, vmm=True, fd=True, fabric=False):

@@ -11,11 +11,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashinfer_a2a as fa
-from flashinfer_a2a import constants, ops
-from flashinfer_a2a.errors import A2AError, check_error, describe_call_layout
+from flashinfer_a2a.library import constants, ops
+from flashinfer_a2a.library.errors import A2AError, check_error, describe_call_layout
 from flashinfer_a2a.functional import empty_workspace
-from flashinfer_a2a.layout import metadata_offsets
-from flashinfer_a2a.wire_formats import WIRE_FORMATS
+from flashinfer_a2a.library.layout import metadata_offsets
+from flashinfer_a2a.library.wire_formats import WIRE_FORMATS
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
 
@@ -196,8 +196,8 @@ def test_combine_fake_validates_like_the_cxx_entry():
 
 
 def test_importing_errors_first_needs_no_cycle():
-    code = "import flashinfer_a2a.errors, flashinfer_a2a.functional; print('ok')"
-    for first in ("flashinfer_a2a.errors", "flashinfer_a2a.layout", "flashinfer_a2a.constants"):
+    code = "import flashinfer_a2a.library.errors, flashinfer_a2a.functional; print('ok')"
+    for first in ("flashinfer_a2a.library.errors", "flashinfer_a2a.library.layout", "flashinfer_a2a.library.constants"):
         done = subprocess.run([sys.executable, "-c", f"import {first}; " + code], capture_output=True, text=True,
                               check=False)
         assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

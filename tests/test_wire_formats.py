@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flashinfer_a2a.reference import quant
-from flashinfer_a2a.wire_formats import WIRE_FORMATS, push_combine_bytes_per_token, wire_format
+from flashinfer_a2a.library.wire_formats import WIRE_FORMATS, push_combine_bytes_per_token, wire_format
 
 @pytest.mark.parametrize("name", sorted(WIRE_FORMATS))
 @pytest.mark.parametrize("hidden", [1, 16, 17, 2880, 7168, 7169])

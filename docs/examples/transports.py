@@ -43,7 +43,7 @@ a2a.destroy()
 group = dist.group.WORLD
 x, topk_ids = hidden_states[:100], topk_ids[:100]
 # begin nccl-transport
-from flashinfer_a2a.nccl_transport import NcclTransport
+from flashinfer_a2a.transports.nccl import NcclTransport
 
 t = NcclTransport(group, num_experts=256, max_num_tokens=128, device=device)   # exact=False: padded mode
 (recv_x, recv_ids), recv_counts = t.dispatch(topk_ids, [x, topk_ids], runtime_max=128)

@@ -5,7 +5,7 @@ weights), median over 3000 calls after 200 untimed steps.
 
 Prints, at 1 and 128 tokens: MoeAlltoAll.dispatch, .combine_input and .combine per call and a back-to-back eager
 step of the three; the same for a step of split halves (dispatch_send, dispatch_recv, combine_input, combine_send,
-combine_recv); then the layers under dispatch (flashinfer_a2a.eager_calls, the bound tvm-ffi call), and, for
+combine_recv); then the layers under dispatch (flashinfer_a2a.transports.nvlink_eager, the bound tvm-ffi call), and, for
 scale, the functional call, the tvm-ffi call with every argument, a trivial tvm-ffi call and a trivial torch op
 (docs/benchmarks.md); last, the ordering of steps across streams that every step makes (docs/semantics.md), when
 the stream is unchanged and when it changes each call.

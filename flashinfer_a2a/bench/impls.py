@@ -28,13 +28,13 @@ from typing import Optional, Sequence
 import torch
 
 from .. import functional as F
-from ..constants import COMBINE_PULL
-from ..eager_calls import EagerCalls
-from ..errors import check_error
+from ..library.constants import COMBINE_PULL
+from ..transports.nvlink_eager import EagerCalls
+from ..library.errors import check_error
 from ..moe_alltoall import MoeAlltoAll
 from ..reference import quant, random_topk_ids, token_rank_mask
-from ..simulate import SimulatedRanks
-from ..wire_formats import wire_format
+from ..testing.simulate import SimulatedRanks
+from ..library.wire_formats import wire_format
 from .args import BenchArgs
 from .session import Session
 from .timing import RankSteps

@@ -21,10 +21,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import functional as F
-from .. import ops
-from ..errors import check_error
+from ..library import ops
+from ..library.errors import check_error
 from ..moe_alltoall import MoeAlltoAll
-from ..simulate import SimulatedRanks
+from ..testing.simulate import SimulatedRanks
 from ..split_phase import RECV, SEND
 from .args import DTYPES, BenchArgs
 from .impls import dispatch_row_bytes, make_case, routing_payload_bytes

@@ -13,7 +13,7 @@ rank and size must be the old ones; the workspace's later collectives (growth, t
 
 The memory itself:
 
-- :class:`flashinfer_a2a.symm_mem.SymmetricWorkspace` (CUDA virtual memory): detach unmaps every rank's range and
+- :class:`flashinfer_a2a.memory.symm_mem.SymmetricWorkspace` (CUDA virtual memory): detach unmaps every rank's range and
   releases this rank's allocation and the peers' imported handles, keeping the reserved address range; attach
   creates a new allocation, exchanges handles as the construction does, and maps every rank's into the same range.
 - Any other allocation (the simulated ranks' one tensor, which no rank owns alone): the memory stays; detach
@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 
-from .. import _cuda_driver as drv
+from ..memory import cuda_driver as drv
 from .. import functional as F
 from ..comm import Communicator
-from ..fd_exchange import allgather_fds
-from ..lifecycle import barrier_within, bounded
-from ..shared_workspace import SharedWorkspace
+from ..memory.fd_exchange import allgather_fds
+from ..memory.lifecycle import barrier_within, bounded
+from ..memory.shared_workspace import SharedWorkspace
 from ..split_phase import CallOrder
-from ..symm_mem import SymmetricWorkspace
+from ..memory.symm_mem import SymmetricWorkspace
 
 POISON_BYTE = 0xFF  # reads as NaN in bf16/fp16/fp32: a row read after detach shows up
 

@@ -119,7 +119,7 @@ class CommBackendCommunicator:
         # One workspace per (group size, rank, namespace) in the process, as FlashInfer caches its workspaces: the
         # engines build a fresh backend object per layer over the same group.
         self.workspace_group_key = getattr(backend, "workspace_group_key", ("flashinfer-compat",))
-        # A backend may allocate the workspace itself, as a communicator may (flashinfer_a2a.shared_workspace):
+        # A backend may allocate the workspace itself, as a communicator may (flashinfer_a2a.memory.shared_workspace):
         # simulated ranks do.
         if callable(getattr(backend, "allocate_workspace", None)):
             self.allocate_workspace = backend.allocate_workspace

@@ -9,9 +9,9 @@ import torch
 
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
-from flashinfer_a2a.errors import metadata_offsets
+from flashinfer_a2a.library.errors import metadata_offsets
 from flashinfer_a2a.functional import WorkspaceConfig, row_bytes
-from flashinfer_a2a.simulate import SimulatedRanks
+from flashinfer_a2a.testing.simulate import SimulatedRanks
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
 from flashinfer_a2a.functional import empty_workspace
-from flashinfer_a2a.errors import A2AError
+from flashinfer_a2a.library.errors import A2AError
 
 HIDDEN, TOP_K, TOKENS = 1024, 4, 64
 DEVICE = "cuda"

@@ -5,7 +5,7 @@ filled, one eager warm-up step, synchronize, capture under torch.cuda.graph, syn
 new routing and payloads. After each replay recv_counts is compared with counts computed on the host from the ids,
 the combine with its exact value (the "expert" copies the received hidden rows back, so out[t] = n_dest(t) * x[t]: a
 sum of equal bf16 values in fp32 is exact), and every rank's error record is read with check_error. Before simulated
-ranks captured their steps as halves (flashinfer_a2a.simulate), replays of some workspaces timed out waiting for a
+ranks captured their steps as halves (flashinfer_a2a.testing.simulate), replays of some workspaces timed out waiting for a
 peer whose graph branch had not started.
 
 Run by tests/gpu/test_simulated_graphs.py, or alone (one GPU):
@@ -25,7 +25,7 @@ import torch
 
 from flashinfer_a2a import check_error
 from flashinfer_a2a import functional as F
-from flashinfer_a2a.simulate import SimulatedRanks
+from flashinfer_a2a.testing.simulate import SimulatedRanks
 
 # (ep, max_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token) of shapes seen failing.
 FAILING_SHAPES = [(6, 64, 12, 6288, 2048), (8, 128, 18, 16600, 16384), (8, 17, 8, 49248, 16384),

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from flashinfer_a2a.jit import JitSpec
-from flashinfer_a2a.wire_formats import wire_format
+from flashinfer_a2a.library.wire_formats import wire_format
 
 FORMATS = {"fp8_block": 0, "mxfp8": 1, "nvfp4": 2}  # the Format enum of quant_probe.cu
 

@@ -8,7 +8,7 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
 from flashinfer_a2a.functional import empty_workspace
-from flashinfer_a2a.simulate import SimulatedRanks
+from flashinfer_a2a.testing.simulate import SimulatedRanks
 
 HIDDEN, TOP_K, EXPERTS, TOKENS = 256, 4, 8, 32
 

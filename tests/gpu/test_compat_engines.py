@@ -13,7 +13,7 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
 from flashinfer_a2a.compat import flashinfer as fi
-from flashinfer_a2a.simulated_group import SimulatedGroup
+from flashinfer_a2a.testing.simulated_group import SimulatedGroup
 
 from ..compat_workers import spawn
 from ..examples import example

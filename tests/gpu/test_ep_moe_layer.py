@@ -9,7 +9,7 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
 from flashinfer_a2a.reference import quant as rq
-from flashinfer_a2a.simulated_group import SimulatedGroup
+from flashinfer_a2a.testing.simulated_group import SimulatedGroup
 
 from ..examples import example
 from .simulated import on_streams, rel_err, warm_up

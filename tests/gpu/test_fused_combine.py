@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 import flashinfer_a2a as fa
 import flashinfer_a2a.functional as F
 from flashinfer_a2a.reference import bitwise_equal, reference_combine
-from flashinfer_a2a.simulate import SimulatedRanks
+from flashinfer_a2a.testing.simulate import SimulatedRanks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 

@@ -3,8 +3,8 @@
 import torch
 
 import flashinfer_a2a as fa
-from flashinfer_a2a import ops
-from flashinfer_a2a.errors import metadata_offsets
+from flashinfer_a2a.library import ops
+from flashinfer_a2a.library.errors import metadata_offsets
 from flashinfer_a2a.functional import empty_workspace
 
 

@@ -9,10 +9,10 @@ import torch
 
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
-from flashinfer_a2a.errors import metadata_offsets
+from flashinfer_a2a.library.errors import metadata_offsets
 from flashinfer_a2a.reference import quant as q
-from flashinfer_a2a.simulate import SimulatedRanks
-from flashinfer_a2a.wire_formats import wire_format
+from flashinfer_a2a.testing.simulate import SimulatedRanks
+from flashinfer_a2a.library.wire_formats import wire_format
 
 from .cases import scramble_
 

@@ -9,8 +9,8 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import MoeAlltoAll
 from flashinfer_a2a import reference as ref
-from flashinfer_a2a.simulate import SimulatedRanks
-from flashinfer_a2a.symm_mem import SymmetricWorkspace
+from flashinfer_a2a.testing.simulate import SimulatedRanks
+from flashinfer_a2a.memory.symm_mem import SymmetricWorkspace
 
 from .cases import Case, run_case
 from .test_moe_alltoall_one_rank import OneRank

@@ -9,8 +9,8 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
 from flashinfer_a2a import split_phase as sp
-from flashinfer_a2a.errors import metadata_offsets
-from flashinfer_a2a.simulate import SimulatedRanks
+from flashinfer_a2a.library.errors import metadata_offsets
+from flashinfer_a2a.testing.simulate import SimulatedRanks
 
 from .cases import scramble_
 
@@ -292,7 +292,7 @@ def test_opcheck_dispatch_recv():
     batch = _batch((8,), gen)
     counts = torch.full((1,), -1, dtype=torch.int32, device="cuda")
     sp.dispatch_send(sim.workspace, 0, config, batch.ids[0], [batch.hidden[0]], 8, EXPERTS, recv_counts=counts)
-    from flashinfer_a2a import ops
+    from flashinfer_a2a.library import ops
 
     # opcheck runs the op on copies of the arguments, several times; each waits for the epoch the send advanced to,
     # already reached. Then the receive itself, into counts.

@@ -8,7 +8,7 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
 
-from flashinfer_a2a.errors import metadata_offsets
+from flashinfer_a2a.library.errors import metadata_offsets
 
 from .cases import Case, run_case
 

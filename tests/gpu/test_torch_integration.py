@@ -3,9 +3,9 @@
 import torch
 
 import flashinfer_a2a as fa
-from flashinfer_a2a import ops
+from flashinfer_a2a.library import ops
 from flashinfer_a2a import reference as ref
-from flashinfer_a2a.simulate import SimulatedRanks
+from flashinfer_a2a.testing.simulate import SimulatedRanks
 
 HIDDEN, TOP_K, EXPERTS = 2048, 4, 16
 

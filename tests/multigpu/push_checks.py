@@ -10,7 +10,7 @@ import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
 from flashinfer_a2a.moe_alltoall import MoeAlltoAll
 from flashinfer_a2a.reference import quant as q
-from flashinfer_a2a.wire_formats import push_combine_bytes_per_token
+from flashinfer_a2a.library.wire_formats import push_combine_bytes_per_token
 
 from .common import SHARED_GPU, combine_partials, expect_timeout, make_inputs, shared_seed
 

@@ -74,7 +74,7 @@ def check_correctness(group, comm):
 def check_quantized(group, comm):
     """Fused quantizing dispatch (each format, both scale layouts) and the FP8-wire combine across processes."""
     from flashinfer_a2a.reference import quant as q
-    from flashinfer_a2a.wire_formats import wire_format
+    from flashinfer_a2a.library.wire_formats import wire_format
 
     rank, n = comm.rank, comm.size
     seed = shared_seed(comm)

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .functional import MAX_TOP_K, WorkspaceConfig
+from ..functional import MAX_TOP_K, WorkspaceConfig
 from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
 _ID_DTYPES = (torch.int32, torch.int64)
@@ -53,7 +53,7 @@ def combine_bytes_per_token(hidden_size: int, dtype: torch.dtype, combine_format
                             push_combine: bool = False) -> int:
     """Combine bytes of one token: a ``hidden_size x dtype`` partial, or, when the combine is pushed
     (``push_combine``, or an FP8 ``combine_format``), the partial and its landing row
-    (:func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`)."""
+    (:func:`flashinfer_a2a.library.wire_formats.push_combine_bytes_per_token`)."""
     check_combine_format(combine_format)
     if push_combine or combine_format is not None:
         return push_combine_bytes_per_token(hidden_size, dtype, None if push_combine else combine_format)

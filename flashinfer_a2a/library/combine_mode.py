@@ -2,7 +2,7 @@
 
 The library checks the choice and launches what it is told; the workspace's sizes never imply it. ``"push"`` needs a
 combine region with a landing row per token after the partials
-(:func:`flashinfer_a2a.wire_formats.push_combine_bytes_per_token`) and every rank on a GPU of its own.
+(:func:`flashinfer_a2a.library.wire_formats.push_combine_bytes_per_token`) and every rank on a GPU of its own.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
 
-from . import functional as F
-from . import split_phase
-from .errors import check_error
+from .. import functional as F
+from .. import split_phase
+from ..library.errors import check_error
 
 T = TypeVar("T")
 

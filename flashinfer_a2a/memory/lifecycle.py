@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .comm import Communicator
+from ..comm import Communicator
 
 
 def bounded(call: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:

@@ -38,7 +38,7 @@ PINNED = {
 def library_constants() -> dict[str, int]:
     """Every constant the library exports (limits, error and phase codes, quant-format codes, the call-layout
     fingerprint fields as ``shift << 8 | bits``). Builds or loads the library on first call."""
-    from .jit import get_a2a_module
+    from ..jit import get_a2a_module
 
     return {str(name): int(value) for name, value in dict(get_a2a_module().get_constants()).items()}
 

@@ -12,7 +12,7 @@ own. One dispatch may be pending per shared workspace: a second dispatch before 
 
 A communicator may provide ``allocate_workspace(bytes_per_rank, device)`` returning an object with ``tensor``
 (``[ep_size, bytes] uint8``), ``bytes_per_rank``, ``one_gpu_per_rank`` and ``destroy()``; otherwise the workspace is
-:class:`flashinfer_a2a.symm_mem.SymmetricWorkspace`. Simulated ranks (:mod:`flashinfer_a2a.simulated_group`) use it
+:class:`flashinfer_a2a.memory.symm_mem.SymmetricWorkspace`. Simulated ranks (:mod:`flashinfer_a2a.testing.simulated_group`) use it
 to hand every rank one tensor on one device. It may also provide ``workspace_group_key``, a hashable naming its
 group (the FlashInfer compatibility layer builds one communicator per layer over the same group).
 """
@@ -23,11 +23,11 @@ from typing import Any, Hashable, Optional
 
 import torch
 
-from . import functional as F
-from .comm import Communicator
+from .. import functional as F
+from ..comm import Communicator
 from .lifecycle import StreamOrder, barrier_within, release_workspace
-from .sizing import union
-from .split_phase import CallOrder
+from ..library.sizing import union
+from ..split_phase import CallOrder
 from .symm_mem import SymmetricWorkspace
 
 
@@ -49,7 +49,7 @@ class SharedWorkspace:
         #: half needs from its send.
         self.order = CallOrder()
         self.sent: Optional[tuple] = None
-        #: each user's eager calls (flashinfer_a2a.eager_calls, with its receive views), by the user's instance
+        #: each user's eager calls (flashinfer_a2a.transports.nvlink_eager, with its receive views), by the user's instance
         #: number; cleared when the workspace moves.
         self.eager_calls: dict[int, Any] = {}
         self.users = 0
@@ -117,7 +117,7 @@ class SharedWorkspace:
 
     def close(self) -> None:
         """Frees this rank's mappings after a device sync and a barrier bounded by the timeout; if a peer is gone,
-        alone, with a warning (see :func:`flashinfer_a2a.lifecycle.release_workspace`). Receive views kept past
+        alone, with a warning (see :func:`flashinfer_a2a.memory.lifecycle.release_workspace`). Receive views kept past
         this keep the memory mapped until they die. Collective while the peers live."""
         if self.allocation is None:
             return

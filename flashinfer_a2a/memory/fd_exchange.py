@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from .comm import Communicator
+from ..comm import Communicator
 
 _SECRET_BYTES = 16
 _HELLO = struct.Struct(f"<{_SECRET_BYTES}si")  # secret, sender's rank

@@ -8,7 +8,7 @@ are those of the NVLink path, so a bf16 result equals it bit for bit.
 Two modes:
 
 - **padded** (default, no host synchronisation, CUDA-graph capturable, traceable by ``torch.compile``: while tracing
-  the collectives are the functional ones and every result a fresh tensor, :mod:`flashinfer_a2a.nccl_traced`). Dispatch: quantize ``payloads[0]`` if asked,
+  the collectives are the functional ones and every result a fresh tensor, :mod:`flashinfer_a2a.transports.nccl_traced`). Dispatch: quantize ``payloads[0]`` if asked,
   pack each token's destination bitmask and payload bytes into a ``[runtime_max, row_bytes]`` send buffer, one
   ``all_gather_into_tensor`` (``all_gather_single`` in torch 2.13), then keep, per source block, the rows whose
   bitmask names this rank, in increasing token order (a stable argsort of the mask and a gather). Combine: one
@@ -45,9 +45,9 @@ from typing import Any, Optional, Sequence
 import torch
 
 from . import nccl_traced as traced
-from .reference import quant
-from .validation import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
-from .wire_formats import WireFormat, check_combine_format, wire_format
+from ..reference import quant
+from ..library.checks import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
+from ..library.wire_formats import WireFormat, check_combine_format, wire_format
 
 TRANSPORTS = ("auto", "nvlink", "nccl")
 MAX_TOP_K = 32
@@ -79,7 +79,7 @@ def resolve_transport(comm: Any, transport: str, device: Any = None) -> str:
         return "nccl"
     import json
 
-    from . import symm_mem
+    from ..memory import symm_mem
 
     index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
     caps = [json.loads(b) for b in comm.allgather(json.dumps(symm_mem._capabilities(index)).encode())]

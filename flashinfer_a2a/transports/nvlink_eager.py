@@ -6,7 +6,7 @@ An engine's decode loop calls dispatch and combine eagerly, and every argument t
 and a few numbers. The C++ still checks every call before it launches; when it refuses one, the host checks of
 :mod:`flashinfer_a2a.functional` run to name the mistake in the caller's terms. The receive views and the zero-copy
 combine input are made once per shape. Calls that torch.compile traces go through the registered ops
-(:mod:`flashinfer_a2a.ops`) instead.
+(:mod:`flashinfer_a2a.library.ops`) instead.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import functional as F
-from .constants import COMBINE_PULL
-from .jit import get_a2a_module
-from .split_phase import SEND
-from .wire_formats import check_combine_format, wire_format
+from .. import functional as F
+from ..library.constants import COMBINE_PULL
+from ..jit import get_a2a_module
+from ..split_phase import SEND
+from ..library.wire_formats import check_combine_format, wire_format
 
 _MAX_VIEW_SHAPES = 64  # distinct receive-view shapes kept (runtime_max may vary per step): past it, start over
 

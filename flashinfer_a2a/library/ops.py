@@ -11,9 +11,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import validation as _check
+from . import checks as _check
 from .constants import COMBINE_PULL, COMBINE_PUSH, check_sizes
-from .jit import get_a2a_module
+from ..jit import get_a2a_module
 
 _LIB = torch.library.Library("flashinfer_a2a", "DEF")
 

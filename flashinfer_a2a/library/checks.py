@@ -80,7 +80,7 @@ def _offset_aligned(t: torch.Tensor, alignment: int) -> bool:
 @functools.lru_cache(maxsize=256)
 def _workspace_bytes(sizes: tuple[int, ...]) -> int:
     """Bytes of one rank's workspace, from the C++ layout (host arithmetic; imported here, as ops imports us)."""
-    from .jit import get_a2a_module
+    from ..jit import get_a2a_module
 
     return int(get_a2a_module().get_workspace_size(*sizes))
 

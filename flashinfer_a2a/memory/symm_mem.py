@@ -18,9 +18,9 @@ import sys
 
 import torch
 
-from . import _cuda_driver as drv
-from . import config as _config
-from .comm import Communicator
+from . import cuda_driver as drv
+from .. import config as _config
+from ..comm import Communicator
 from .fd_exchange import allgather_fds, host_id
 from .lifecycle import bounded
 
