@@ -82,6 +82,10 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> GetConstants() {
   c.Set("quant_nvfp4", static_cast<int64_t>(QuantFormat::kNvfp4));
   c.Set("combine_pull", static_cast<int64_t>(CombineMode::kPull));
   c.Set("combine_push", static_cast<int64_t>(CombineMode::kPush));
+  // The split-phase codes of the dispatch and combine entries (DispatchPhase has the same values).
+  c.Set("split_both", static_cast<int64_t>(CombinePhase::kBoth));
+  c.Set("split_send", static_cast<int64_t>(CombinePhase::kSend));
+  c.Set("split_recv", static_cast<int64_t>(CombinePhase::kRecv));
   c.Set("fp8_wire_hidden_multiple", kQuantLaneElems);
   c.Set("fp8_wire_max_hidden", int64_t{kFp8WireMaxCols} * quant::kFp8Block);
   for (const CallLayoutField& f : kCallLayoutFields) {

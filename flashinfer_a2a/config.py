@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from ._version import __version__
 
@@ -232,3 +232,8 @@ def cuda_home() -> Path:
 def cxx() -> str:
     """``CXX`` (default ``c++``): the host compiler that links the libraries; may carry arguments."""
     return _get("CXX") or "c++"
+
+
+def timeout_or_default(seconds: Optional[float]) -> float:
+    """``seconds`` as a float, or ``FLASHINFER_A2A_TIMEOUT_S`` when None."""
+    return timeout_s() if seconds is None else float(seconds)

@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Optional, Sequence
 
 import torch
 
 from . import config as _config
 from . import functional as F
-from .memory import shared_workspace
-from .library import sizing
 from .agreement import check_agreement, construction_record
-from .library.combine_mode import combine_mode_code, pushed_wires
 from .comm import as_communicator
-from .transports.nvlink_eager import EagerCalls
-from .memory.lifecycle import barrier_within
-from .transports.nccl import NcclTransport, check_transport, process_group_of, resolve_transport
-from .split_phase import SplitPhaseMixin
-from .library.checks import check_combine_tensors
+from .library import sizing
+from .library.checks import check_combine_tensors, check_optional_tensor
+from .library.combine_mode import pushed_wires
 from .library.wire_formats import check_combine_format, wire_format
+from .transports.base import Transport
+from .transports.nccl import NcclTransport, check_transport, process_group_of, resolve_transport
+from .transports.nvlink import NvlinkTransport
 
-_INSTANCES = itertools.count()  # names each instance's eager calls in its shared workspace
 
-
-class MoeAlltoAll(SplitPhaseMixin):
+class MoeAlltoAll:
     """One-sided NVLink dispatch and combine for one expert-parallel group.
 
     Construction is collective (every rank of ``group`` builds it with the same sizes) and ends with a barrier, so a
@@ -136,37 +131,32 @@ class MoeAlltoAll(SplitPhaseMixin):
                 raise ValueError(f"combine_bytes_per_token={combine_bytes_per_token} is too small for the pushed "
                                  f"combine that push_combine={push_combine}, combine_format={combine_format!r} ask "
                                  f"for: hidden_size={hidden_size} x {dtype} needs >= {needed}")
-        # From arguments every rank agreed on, so every rank picks the same combine mode.
-        self._pushed_wires = pushed_wires(push_combine, combine_format)
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
         #: what this layer needs; ``config`` is the shared workspace's (at least this in every size)
         self.requested = F.WorkspaceConfig(ep_size=self.comm.size, max_num_tokens=max_num_tokens,
                                            dispatch_bytes_per_token=dispatch_bytes_per_token,
                                            combine_bytes_per_token=combine_bytes_per_token, top_k=top_k)
-        self._shared: Optional[shared_workspace.SharedWorkspace] = None
-        self.transport, self._nccl = resolve_transport(self.comm, transport, device), None
-        if self.transport == "nccl":  # no workspace: every call goes to the transport object
-            self._nccl = NcclTransport(process_group_of(self.comm), num_experts=num_experts,
-                                       max_num_tokens=max_num_tokens, device=device, exact=exact, debug=self._debug)
-            self.device = self._nccl.device
-            return
-        self._shared = shared_workspace.acquire(self.comm, group, namespace, self.requested, device, self._timeout_s)
-        self.device = self.workspace.device
-        self._recv_counts = torch.empty(self.ep_size, dtype=torch.int32, device=self.device)
-        self._calls = 0
-        self._instance = next(_INSTANCES)
+        self.transport = resolve_transport(self.comm, transport, device)
+        self._transport: Transport
+        if self.transport == "nccl":  # no workspace: every call goes to the process group's collectives
+            self._transport = NcclTransport(process_group_of(self.comm), num_experts=num_experts,
+                                            max_num_tokens=max_num_tokens, device=device, exact=exact,
+                                            debug=self._debug)
+        else:  # the combine mode comes from arguments every rank agreed on, so every rank picks the same one
+            self._transport = NvlinkTransport(self.comm, group, namespace, self.requested, device,
+                                              num_experts=num_experts, num_sms=self.num_sms,
+                                              pushed_wires=pushed_wires(push_combine, combine_format),
+                                              timeout_s=self._timeout_s, debug=self._debug)
+        self.device = self._transport.device
 
-    # The workspace, its layout and the pending dispatch belong to the shared workspace (read at each call: a later
-    # layer may have grown it).
-    config = property(lambda self: self.requested if self._shared is None else self._shared.config)
-    workspace = property(lambda self: None if self._shared is None else self._shared.tensor)
-    metainfo = property(lambda self: self._shared.metainfo)
-    _symm = property(lambda self: None if self._shared is None else self._shared.allocation)
-    # The call order, the pending dispatch and what a split call's receive half needs from its send: one per shared
-    # workspace, whichever layer made the call.
-    _order = property(lambda self: self._shared.order)
-    _pending = property(lambda self: self._shared.pending, lambda self, v: setattr(self._shared, "pending", v))
-    _sent = property(lambda self: self._shared.sent, lambda self, v: setattr(self._shared, "sent", v))
+    @property
+    def config(self) -> F.WorkspaceConfig:
+        """The workspace's sizes: the shared workspace's (at least :attr:`requested` in every size; a later layer
+        may have grown it), or :attr:`requested` without one."""
+        return getattr(self._transport, "config", None) or self.requested
+
+    workspace = property(lambda self: getattr(self._transport, "workspace", None))
+    metainfo = property(lambda self: self._transport.metainfo)
 
     @property
     def ep_rank(self) -> int:
@@ -189,29 +179,57 @@ class MoeAlltoAll(SplitPhaseMixin):
         ``quant_format`` / ``global_scale`` / ``swizzled_scales``: quantize ``payloads[0]`` while sending it (see
         :func:`flashinfer_a2a.functional.dispatch`); it then arrives as two views, values and scales.
         """
-        if self._nccl is not None:
-            return self._nccl.dispatch(topk_ids, payloads, self.config.max_num_tokens if runtime_max_tokens_per_rank
-                                       is None else runtime_max_tokens_per_rank, quant_format=quant_format,
-                                       global_scale=global_scale, swizzled_scales=swizzled_scales)
-        shared = self._begin("dispatch")
-        runtime_max = self._runtime_max(runtime_max_tokens_per_rank)
-        # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
-        if self._debug and F.debug_checks_due(True):
-            self._check_same_call(runtime_max)
-        timeout_s = self._timeout_s if timeout_s is None else timeout_s
-        if torch.compiler.is_compiling():  # fresh tensors: a traced view or counts tensor must not be kept
-            recv, counts = F.dispatch(self.workspace, self.ep_rank, self.config, topk_ids, payloads, runtime_max,
-                                      self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
-                                      global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self._debug,
-                                      num_sms=self.num_sms)
-        else:  # eager: one counts tensor and cached views, valid (like the views always were) until the next dispatch
-            recv = self._eager().dispatch(topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
-                                          swizzled_scales)
-            counts = self._recv_counts
-        shared.pending = (topk_ids.shape[0], runtime_max, counts)
-        self._calls += 1
-        shared.order.advance("dispatch")
-        return recv, counts
+        return self._transport.dispatch(topk_ids, payloads, self._runtime_max(runtime_max_tokens_per_rank),
+                                        self._timeout(timeout_s), quant_format, global_scale, swizzled_scales)
+
+    def dispatch_send(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor],
+                      runtime_max_tokens_per_rank: Optional[int] = None, *, timeout_s: Optional[float] = None,
+                      quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
+                      swizzled_scales: bool = False) -> None:
+        """The send half of :meth:`dispatch` (same arguments; :mod:`flashinfer_a2a.split_phase`):
+        :meth:`dispatch_recv` returns what dispatch does."""
+        self._transport.dispatch_send(topk_ids, payloads, self._runtime_max(runtime_max_tokens_per_rank),
+                                      self._timeout(timeout_s), quant_format, global_scale, swizzled_scales)
+
+    def dispatch_recv(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Waits for the peers' :meth:`dispatch_send` and returns ``(recv_payloads, recv_counts)``, as
+        :meth:`dispatch` does."""
+        return self._transport.dispatch_recv()
+
+    def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The zero-copy combine input ``[ep_size, runtime_max, hidden]`` of the pending dispatch: write the expert
+        outputs here and call :meth:`combine` with no partials."""
+        return self._transport.combine_input(*self._combine_row(hidden, dtype))
+
+    def combine_mode(self, quant_format: Optional[str] = None) -> str:
+        """``"push"`` or ``"pull"``: how :meth:`combine` with this ``quant_format`` moves the partials. Pushed
+        where the construction asked for it (``push_combine``, or ``combine_format`` equal to ``quant_format``) and
+        every rank has a GPU of its own (ranks sharing one always pull)."""
+        return self._transport.combine_mode(quant_format)
+
+    def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
+                timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> torch.Tensor:
+        """Sums each local token's partials over the ranks it went to, in increasing rank order in fp32 (see
+        :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written.
+        ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
+        check_combine_tensors(partials, out)  # first: the row shape is read off them below
+        given = partials if partials is not None else out  # a row shape given wins over the constructor's
+        hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
+        return self._transport.combine(partials, out, hidden, dtype, self._timeout(timeout_s), quant_format)
+
+    def combine_send(self, partials: Optional[torch.Tensor] = None, *, timeout_s: Optional[float] = None,
+                     quant_format: Optional[str] = None) -> None:
+        """The send half of :meth:`combine` (same arguments but ``out``): publishes this rank's partials (None:
+        :meth:`combine_input` was written). Keep ``partials`` unchanged until :meth:`combine_recv` has run."""
+        check_optional_tensor(partials, "partials")
+        self._transport.combine_send(partials, *self._combine_row(None, None), self._timeout(timeout_s),
+                                     quant_format)
+
+    def combine_recv(self, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Waits for the peers' :meth:`combine_send` and returns ``out`` ``[num_tokens, hidden]`` (allocated when
+        None), as :meth:`combine` does."""
+        check_combine_tensors(None, out)
+        return self._transport.combine_recv(out, *self._combine_row(None, None))
 
     def _runtime_max(self, runtime_max_tokens_per_rank: Optional[int]) -> int:
         runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank
@@ -220,131 +238,25 @@ class MoeAlltoAll(SplitPhaseMixin):
                              f"{self.config.max_num_tokens} this MoeAlltoAll was built for")
         return runtime_max
 
-    def _eager(self) -> EagerCalls:
-        """This instance's eager calls on the shared workspace as it is now (made again when it moved)."""
-        calls = self._shared.eager_calls.get(self._instance)
-        if calls is None:
-            shared = self._shared
-            modes = {q: combine_mode_code(self.combine_mode(q)) for q in (None, "fp8_block")}
-            calls = shared.eager_calls[self._instance] = EagerCalls(
-                shared.tensor, self._recv_counts, self.ep_rank, shared.config, self.num_experts, self.num_sms,
-                shared.one_gpu_per_rank, modes, self._debug)
-        return calls
-
-    def _eager_step(self, counts: torch.Tensor) -> bool:
-        """Whether a step after the dispatch that wrote ``counts`` runs eagerly: that dispatch was eager (it wrote
-        this instance's counts tensor) and nothing is being traced."""
-        return counts is self._recv_counts and not torch.compiler.is_compiling()
-
-    def combine_input(self, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """The zero-copy combine input ``[ep_size, runtime_max, hidden]`` of the pending dispatch: write the expert
-        outputs here and call :meth:`combine` with no partials."""
-        if self._nccl is not None:
-            return self._nccl.combine_input(*self._combine_row(hidden, dtype))
-        _, runtime_max, _ = self._require_pending("combine_input")
-        hidden, dtype = self._combine_row(hidden, dtype)
-        if torch.compiler.is_compiling():
-            return F.combine_input(self.workspace, self.ep_rank, self.config, runtime_max, hidden, dtype)
-        return self._eager().combine_input(runtime_max, hidden, dtype)  # eager calls get the same view each time
-
-    def combine_mode(self, quant_format: Optional[str] = None) -> str:
-        """``"push"`` or ``"pull"``: how :meth:`combine` with this ``quant_format`` moves the partials. Pushed
-        where the construction asked for it (``push_combine``, or ``combine_format`` equal to ``quant_format``) and
-        every rank has a GPU of its own (ranks sharing one always pull)."""
-        check_combine_format(quant_format, "combine quant_format")
-        return "push" if quant_format in self._pushed_wires and self._symm.one_gpu_per_rank else "pull"
-
-    def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
-                timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> torch.Tensor:
-        """Sums each local token's partials over the ranks it went to, in increasing rank order in fp32 (see
-        :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written.
-        ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
-        check_combine_tensors(partials, out)  # first: the row shape is read off them below
-        if self._nccl is not None:
-            return self._nccl.combine(partials, *self._combine_row(None, None), out=out, quant_format=quant_format)
-        shared = self._begin("combine")
-        num_tokens, runtime_max, counts = shared.pending
-        given = partials if partials is not None else out  # a row shape given wins over the constructor's
-        hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
-        timeout_s = self._timeout_s if timeout_s is None else timeout_s
-        if self._eager_step(counts):
-            result = self._eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
-                                           quant_format)
-        else:
-            result = F.combine(self.workspace, self.ep_rank, self.config, counts, num_tokens, runtime_max, partials,
-                               out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s,
-                               one_gpu_per_rank=self._symm.one_gpu_per_rank, quant_format=quant_format,
-                               combine_mode=self.combine_mode(quant_format), debug=self._debug, num_sms=self.num_sms)
-        shared.pending = None
-        shared.order.advance("combine")
-        return result
+    def _timeout(self, timeout_s: Optional[float]) -> float:
+        return self._timeout_s if timeout_s is None else timeout_s
 
     def workspace_breakdown(self) -> str:
         """Human-readable sizes of one rank's workspace."""
-        if self._nccl is not None:
-            return "transport nccl: no symmetric workspace (buffers are kept per call shape, docs/multi_node.md)"
-        index = F.get_metainfo_index_pairs()
-        at = {name: int(self.metainfo[i]) for name, i in index.items()}
-        mib = 1 << 20
-        parts = [
-            ("metadata (epochs, signals, error record)", at["push_flags_offset"]),
-            (f"push flags [{self.ep_size}, {self.config.max_num_tokens}] uint32",
-             at["routing_offset"] - at["push_flags_offset"]),
-            (f"routing record [{self.config.max_num_tokens}, {self.config.top_k}] int32",
-             at["dispatch_offset"] - at["routing_offset"]),
-            (f"dispatch region {self.ep_size} x {self.config.max_num_tokens} x "
-             f"{self.config.dispatch_bytes_per_token} B", at["combine_offset"] - at["dispatch_offset"]),
-            (f"combine region {self.ep_size} x {self.config.max_num_tokens} x "
-             f"{self.config.combine_bytes_per_token} B", at["bytes_per_rank"] - at["combine_offset"]),
-        ]
-        lines = [f"{name}: {size / mib:.2f} MiB" for name, size in parts]
-        lines.append(f"total per rank: {at['bytes_per_rank'] / mib:.2f} MiB (mapped: "
-                     f"{self._symm.bytes_per_rank / mib:.2f} MiB, allocation granularity)")
-        lines.append(f"mapped in this process: {self.ep_size * self._symm.bytes_per_rank / mib:.2f} MiB "
-                     f"({self.ep_size} ranks)")
-        return "\n".join(lines)
+        return self._transport.workspace_breakdown()
 
     def destroy(self) -> None:
         """Releases this layer's share of the workspace; the last layer of its group and namespace frees this rank's
         mappings after a barrier bounded by ``FLASHINFER_A2A_TIMEOUT_S`` (if a peer is gone, alone, with a warning).
         Receive views kept past this keep the memory mapped until they die (they read stale rows, never fault);
         dispatch/combine on this instance raise. Collective while the peers live. Idempotent."""
-        if self._nccl is not None:
-            return self._nccl.destroy()
-        if self._shared is None:
-            return
-        shared, self._shared = self._shared, None
-        shared.eager_calls.pop(self._instance, None)
-        shared_workspace.release(shared)
+        self._transport.destroy()
 
     def bind_stream(self, stream: Optional[torch.cuda.Stream] = None) -> None:
         """Not needed: the steps of every instance sharing this workspace are ordered across streams by the package
         (docs/semantics.md, "Streams and threads"). Takes ``stream`` (default: the current one) as the stream of the
         last step without making it wait, for a caller that ordered the streams already."""
-        self._check_alive()
-        self._shared.stream.rebind(stream)
-
-    def _check_alive(self) -> None:
-        if self._nccl is not None:
-            raise NotImplementedError("split-phase calls and bind_stream need transport='nvlink'")
-        if self._symm is None:
-            raise RuntimeError("this MoeAlltoAll was destroyed: build a new one (its workspace is freed)")
-
-    def _begin(self, call: str) -> shared_workspace.SharedWorkspace:
-        """Before a step launches: the instance lives, its stream waits for the previous step's, the steps come in
-        order. Returns the shared workspace."""
-        shared = self._shared
-        if shared is None or shared.allocation is None:
-            self._check_alive()  # raises, saying why
-        shared.order.check(call)
-        shared.stream.order()
-        return shared
-
-    def _require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
-        """The received dispatch that a step named ``what`` works on (it needs what combine_input needs)."""
-        self._check_alive()
-        self._order.check("combine_input", what)
-        return self._pending
+        self._transport.bind_stream(stream)
 
     def _combine_row(self, hidden: Optional[int], dtype: Optional[torch.dtype]) -> tuple[int, torch.dtype]:
         dtype = self.dtype if dtype is None else dtype
@@ -356,18 +268,3 @@ class MoeAlltoAll(SplitPhaseMixin):
             raise ValueError(f"combine rows of {hidden} x {dtype} exceed combine_bytes_per_token="
                              f"{self.config.combine_bytes_per_token}")
         return hidden, dtype
-
-    def _check_same_call(self, runtime_max: int) -> None:
-        """Debug mode: every rank makes the same call with the same runtime_max (a host round trip)."""
-        mine = f"{self._calls}:{runtime_max}".encode()
-        passed, reason = barrier_within(self.comm, self._timeout_s)  # FLASHINFER_A2A_TIMEOUT_S, not the group's
-        if not passed:
-            raise RuntimeError(f"debug check of dispatch call {self._calls}: rank {self.ep_rank} waited "
-                               f"{self._timeout_s:g} s for the other ranks ({reason}); a rank that did not arrive "
-                               "crashed, hung, or makes fewer dispatch calls")
-        seen = [s.decode() for s in self.comm.allgather(mine)]
-        if len(set(seen)) != 1:
-            detail = ", ".join(f"rank {r}: call {s.split(':')[0]} runtime_max {s.split(':')[1]}"
-                               for r, s in enumerate(seen))
-            raise RuntimeError(f"ranks disagree on the dispatch call sequence ({detail}); every rank must call "
-                               "dispatch/combine the same number of times with the same runtime_max_tokens_per_rank")

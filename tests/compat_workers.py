@@ -132,8 +132,8 @@ def check_checkpoint(rank: int, world_size: int, tmp: Path) -> None:
     mapping = fi.Mapping(world_size, rank, 8, tp_size=world_size, moe_ep_size=world_size)
     config = fi.MnnvlConfig(comm_backend=old)
     layers = [fi.MoeAlltoAll(mapping, 16, 4, 8, hidden_size=256, mnnvl_config=config) for _ in range(2)]
-    shared = layers[0]._a2a._shared
-    assert layers[1]._a2a._shared is shared
+    shared = layers[0]._a2a._transport.shared
+    assert layers[1]._a2a._transport.shared is shared
     address, metadata_end = shared.tensor.data_ptr(), int(shared.metainfo[F.get_metainfo_index_pairs()
                                                                            ["routing_offset"]])
     fresh = F.empty_workspace(world_size, shared.config.bytes_per_rank, "cpu")
@@ -348,8 +348,8 @@ def check_checkpoint_gpu(rank: int, world_size: int, tmp: Path) -> None:
     config = fi.MnnvlConfig(comm_backend=fi.TorchDistBackend())
     layers = [fi.MoeAlltoAll(mapping, _Steps.MAX_TOKENS, _Steps.TOP_K, experts, hidden_size=_Steps.HIDDEN,
                              mnnvl_config=config) for _ in range(2)]
-    shared = layers[0]._a2a._shared
-    assert layers[1]._a2a._shared is shared and type(shared.allocation).__name__ == "SymmetricWorkspace"
+    shared = layers[0]._a2a._transport.shared
+    assert layers[1]._a2a._transport.shared is shared and type(shared.allocation).__name__ == "SymmetricWorkspace"
     address = layers[0].workspace.data_ptr()
     seed = [torch.seed() % (1 << 31) if rank == 0 else None]
     dist.broadcast_object_list(seed, src=0)

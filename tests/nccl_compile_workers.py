@@ -97,7 +97,7 @@ def check_compiled(rank: int, ep_size: int, device, backend: str = "aot_eager", 
             eager = _snapshot(*held)
             poison([*held[0], held[1], held[2]])  # the transport's buffers: a traced call must not read them
             got = compiled(*args)
-            kept = {t.data_ptr() for t in moe._nccl._buffers.values()}
+            kept = {t.data_ptr() for t in moe._transport._buffers.values()}
             assert not {t.data_ptr() for t in (*got[0], got[1])} & kept, "a traced result is a kept buffer"
             got = _snapshot(*got)
             for name, (recv, counts, out) in (("compiled", got), ("eager", eager)):

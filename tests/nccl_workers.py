@@ -133,7 +133,8 @@ def check_errors(rank: int, ep_size: int, device) -> None:
     expect_raises(ValueError, "bf16|fp16", moe.dispatch, ids, [x.float()], quant_format="mxfp8")
     moe.dispatch(ids, [x], 4)
     expect_raises(RuntimeError, "dispatch called twice", moe.dispatch, ids, [x], 4)
-    expect_raises(ValueError, "partials must be [ep_size", moe.combine, torch.zeros(ep_size, 3, 16, device=device))
+    expect_raises(ValueError, "partials must be [ep_size", moe.combine,
+                  torch.zeros(ep_size, 3, 16, dtype=torch.bfloat16, device=device))
     expect_raises(ValueError, "out must be [num_tokens=4, hidden=16]", moe.combine,
                   out=torch.empty(3, 16, dtype=torch.bfloat16, device=device))
     moe.combine()

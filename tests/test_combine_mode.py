@@ -16,6 +16,7 @@ from flashinfer_a2a.library import constants
 from flashinfer_a2a.library.combine_mode import COMBINE_MODES, combine_mode_code, pushed_wires
 from flashinfer_a2a.functional import empty_workspace
 from flashinfer_a2a.moe_alltoall import MoeAlltoAll
+from flashinfer_a2a.transports.nvlink import NvlinkTransport
 from flashinfer_a2a.library.wire_formats import push_combine_bytes_per_token
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
@@ -91,8 +92,9 @@ def test_functional_combine_refuses_an_unknown_mode_before_any_launch():
 ])
 def test_moe_alltoall_pushes_only_where_asked(push_combine, combine_format, one_gpu_per_rank, want):
     a2a = MoeAlltoAll.__new__(MoeAlltoAll)  # the mode needs no workspace: only the construction's choices
-    a2a._pushed_wires = pushed_wires(push_combine, combine_format)
-    a2a._shared = types.SimpleNamespace(allocation=types.SimpleNamespace(one_gpu_per_rank=one_gpu_per_rank))
+    a2a._transport = NvlinkTransport.__new__(NvlinkTransport)
+    a2a._transport.pushed_wires = pushed_wires(push_combine, combine_format)
+    a2a._transport.shared = types.SimpleNamespace(allocation=types.SimpleNamespace(one_gpu_per_rank=one_gpu_per_rank))
     assert {wire: a2a.combine_mode(wire) for wire in want} == want
     with pytest.raises(ValueError, match="combine quant_format must be None or 'fp8_block', got 'nvfp4'"):
         a2a.combine_mode("nvfp4")

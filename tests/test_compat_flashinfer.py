@@ -173,8 +173,8 @@ def one_rank():
     group = SimulatedGroup(1, "cpu")
     layers = _compat_layers(group, lambda r: fi.Mapping(), [(16, 2, 4, None, 256)])
     yield layers[0][0]
-    layers[0][0]._a2a._shared.pending = None
-    layers[0][0]._a2a._shared.order.reset()
+    layers[0][0]._a2a._transport.shared.pending = None
+    layers[0][0]._a2a._transport.shared.order.reset()
     _destroy(group, layers)
 
 
@@ -195,8 +195,8 @@ def test_unsupported_call_arguments_and_misuse_raise_before_any_launch(one_rank)
         a2a.combine(payload, 16)
     with pytest.raises(RuntimeError, match="without a pending dispatch"):
         a2a.get_combine_payload_tensor_in_workspace(16, 256, torch.bfloat16)
-    a2a._a2a._shared.pending = (4, 16, torch.zeros(1, dtype=torch.int32))  # what a dispatch leaves (GPU only)
-    a2a._a2a._shared.order.advance("dispatch")
+    a2a._a2a._transport.shared.pending = (4, 16, torch.zeros(1, dtype=torch.int32))  # what a dispatch leaves (GPU only)
+    a2a._a2a._transport.shared.order.advance("dispatch")
     for kwargs, argument in ((dict(output_dtype=torch.float8_e4m3fn), "output_dtype"),
                              (dict(output_scales=torch.zeros(4, dtype=torch.uint8)), "output_scales"),
                              (dict(output_scalar_scale=0.5), "output_scalar_scale"),
@@ -217,7 +217,7 @@ def test_unsupported_call_arguments_and_misuse_raise_before_any_launch(one_rank)
     assert view.data_ptr() == a2a._a2a.combine_input(256, torch.bfloat16).data_ptr()
     with pytest.raises(RuntimeError, match="dispatch called twice"):
         a2a.dispatch(ids, [x, ids], 16)
-    assert a2a._a2a._shared.pending[1] == 16  # the pending dispatch is untouched
+    assert a2a._a2a._transport.shared.pending[1] == 16  # the pending dispatch is untouched
 
 
 def test_communicator_must_be_the_ep_group():
@@ -259,7 +259,7 @@ def test_checkpoint_on_simulated_ranks():
     group = SimulatedGroup(ep, "cpu")
     mapping = lambda r: fi.Mapping(ep, r, 8, tp_size=ep, moe_ep_size=ep)  # noqa: E731
     layers = _compat_layers(group, mapping, [(max_tokens, top_k, 8, size)] * 3 + [(max_tokens, top_k, 8, size + 128)])
-    shared = [rank[0]._a2a._shared for rank in layers]
+    shared = [rank[0]._a2a._transport.shared for rank in layers]
     workspace, draft = layers[0][0].workspace, layers[0][3].workspace
     address = workspace.data_ptr()
     end = int(shared[0].metainfo[F.get_metainfo_index_pairs()["routing_offset"]])
@@ -302,7 +302,7 @@ def test_checkpoint_on_simulated_ranks():
 def test_checkpoint_refused_while_a_dispatch_is_pending_and_destroy_between():
     group = SimulatedGroup(1, "cpu")
     (a2a,), = _compat_layers(group, lambda r: fi.Mapping(), [(16, 2, 4, None, 256)])
-    shared = a2a._a2a._shared
+    shared = a2a._a2a._transport.shared
     shared.pending = (4, 16, torch.zeros(1, dtype=torch.int32))  # what a dispatch leaves (GPU only)
     shared.order.advance("dispatch")
     with pytest.raises(RuntimeError, match=r"checkpoint_prepare failed on ranks \[0\].*dispatched step pending"):

@@ -9,6 +9,7 @@ import torch
 import flashinfer_a2a as fa
 from flashinfer_a2a import functional as F
 from flashinfer_a2a.library.wire_formats import WIRE_FORMATS
+from flashinfer_a2a.library import layout
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
 
@@ -28,8 +29,8 @@ def test_traced_layout_equals_the_cpp_layout():
         need = (fmt.dispatch_bytes_per_token(hidden, max_tokens, bool(swizzled)) if fmt is not None else rows[0])
         config = fa.WorkspaceConfig(ep_size=ep, max_num_tokens=max_tokens, dispatch_bytes_per_token=need + sum(rows[1:]),
                                     combine_bytes_per_token=gen.randint(1, 9000), top_k=top_k)
-        want = F._layout(config.sizes(), runtime_max, tuple(rows), *quant)
-        assert F._traced_layout(config.sizes(), runtime_max, tuple(rows), *quant) == want, (config, rows, quant)
+        want = layout.layout_offsets(config.sizes(), runtime_max, tuple(rows), *quant)
+        assert layout.traced_layout_offsets(config.sizes(), runtime_max, tuple(rows), *quant) == want, (config, rows, quant)
 
 
 def _capturing(graphs):

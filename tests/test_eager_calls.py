@@ -11,6 +11,7 @@ from flashinfer_a2a.library import ops
 from flashinfer_a2a.memory import shared_workspace
 from flashinfer_a2a.transports.nvlink_eager import EagerCalls
 from flashinfer_a2a.testing.simulated_group import SimulatedGroup
+from flashinfer_a2a.library import checks
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
 
@@ -43,9 +44,9 @@ def test_eager_calls_reach_the_bound_entry_points(moe):
     # The C++ entry's own check (a CPU workspace cannot launch), so the call got as far as the bound Dispatch.
     with pytest.raises(ValueError, match="^workspace must be a CUDA tensor$"):
         moe.dispatch(ids, [x, ids])
-    calls = moe._eager()
+    calls = moe._transport.eager()
     assert isinstance(calls, EagerCalls) and calls.workspace is moe.workspace
-    assert moe._eager() is calls  # made once per workspace
+    assert moe._transport.eager() is calls  # made once per workspace
     with pytest.raises(ValueError, match="^workspace must be a CUDA tensor$"):
         moe.dispatch_send(ids, [x])
     # The other bound entries, called as MoeAlltoAll's steps call them after an eager dispatch: the receive half of
@@ -75,7 +76,7 @@ def test_refused_calls_name_the_argument_and_change_nothing(moe, bad, message):
         with pytest.raises((TypeError, ValueError), match=message) as info:
             call(*args)
         assert "Check failed" not in str(info.value)
-        assert moe._order.state == "idle"  # refused before the call was recorded: a dispatch may follow
+        assert moe._transport.shared.order.state == "idle"  # refused before the call was recorded: a dispatch may follow
     with pytest.raises(ValueError, match="exceeds max_num_tokens=16"):
         moe.dispatch(ids, [x], 17)
 
@@ -89,13 +90,13 @@ def test_a_moved_workspace_gets_new_eager_calls():
 
     [small] = group.run(build)
     try:
-        before = small._eager()
+        before = small._transport.eager()
         [big] = group.run(lambda rank, comm: fa.MoeAlltoAll(comm, max_num_tokens=64, top_k=TOP_K,
                                                             num_experts=EXPERTS, hidden_size=HIDDEN, device=None))
-        after = small._eager()  # the growth dropped every user's calls: bound to the old layout, they would be wrong
+        after = small._transport.eager()  # the growth dropped every user's calls: bound to the old layout, they would be wrong
         assert after is not before and after.config == small.config and after.config.max_num_tokens == 64
         assert after.workspace is small.workspace
-        assert big._eager() is not after  # one per instance: each has its counts tensor, experts and budget
+        assert big._transport.eager() is not after  # one per instance: each has its counts tensor, experts and budget
         big.destroy()
     finally:
         small.destroy()
@@ -104,7 +105,7 @@ def test_a_moved_workspace_gets_new_eager_calls():
 
 def test_functional_checks_are_the_ones_eager_calls_fall_back_on():
     ids, x = _inputs()
-    assert F.check_dispatch_call(ids, [x, ids], 3) is None
-    assert F.check_dispatch_call(ids, [x], 3, "mxfp8").name == "mxfp8"
+    assert checks.check_dispatch_call(ids, [x, ids], 3) is None
+    assert checks.check_dispatch_call(ids, [x], 3, "mxfp8").name == "mxfp8"
     with pytest.raises(ValueError, match="at most 7 tensors per dispatch that quantizes"):
-        F.check_dispatch_call(ids, [x] * 8, 3, "mxfp8")
+        checks.check_dispatch_call(ids, [x] * 8, 3, "mxfp8")

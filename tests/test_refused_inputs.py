@@ -76,8 +76,8 @@ def moe():
     [a2a] = group.run(lambda rank, comm: MoeAlltoAll(comm, max_num_tokens=MAX_TOKENS, top_k=TOP_K,
                                                      num_experts=EXPERTS, hidden_size=HIDDEN))
     yield a2a
-    a2a._shared.pending = None  # a dispatch the stub below "launched" is never combined
-    a2a._order.reset()
+    a2a._transport.shared.pending = None  # a dispatch the stub below "launched" is never combined
+    a2a._transport.shared.order.reset()
     a2a.destroy()
     assert shared_workspace.live_workspaces() == []
 
@@ -87,12 +87,12 @@ def test_moe_alltoall_dispatch_and_dispatch_send(moe, bad, match):
     """Through the bound C++ entry (its own TypeError for a None payload, then the Python checks' message)."""
     for call in (moe.dispatch, moe.dispatch_send):
         _refused(call, match, *bad(*_inputs()))
-        assert moe._order.state == "idle" and moe._shared.pending is None
+        assert moe._transport.shared.order.state == "idle" and moe._transport.shared.pending is None
 
 
 def _launch_nothing(moe, monkeypatch) -> None:
     """The eager calls of ``moe`` record their steps without launching (a CPU workspace cannot)."""
-    calls = moe._eager()
+    calls = moe._transport.eager()
     monkeypatch.setattr(calls, "_dispatch", lambda *args: 0)
     monkeypatch.setattr(calls, "_combine", lambda *args: None)
 
@@ -102,32 +102,32 @@ def test_moe_alltoall_combine_and_its_halves_leave_the_dispatch_pending(moe, mon
     _launch_nothing(moe, monkeypatch)
     ids, x = _inputs()
     moe.dispatch(ids, [x])
-    pending = moe._shared.pending
+    pending = moe._transport.shared.pending
     _refused(moe.combine, match, **bad)
     if "partials" in bad:
         _refused(moe.combine_send, match, bad["partials"])
-    assert moe._order.state == "dispatched" and moe._shared.pending is pending
+    assert moe._transport.shared.order.state == "dispatched" and moe._transport.shared.pending is pending
     moe.combine_send()
     if "out" in bad:
         _refused(moe.combine_recv, match, **bad)
-    assert moe._order.state == "combine_sent" and moe._shared.pending is pending
+    assert moe._transport.shared.order.state == "combine_sent" and moe._transport.shared.pending is pending
     assert moe.combine_recv().shape == (3, HIDDEN)
-    assert moe._order.state == "idle"
+    assert moe._transport.shared.order.state == "idle"
 
 
 def test_a_refused_combine_can_be_made_again(moe, monkeypatch):
-    calls = moe._eager()
+    calls = moe._transport.eager()
     monkeypatch.setattr(calls, "_dispatch", lambda *args: 0)
     ids, x = _inputs()
     moe.dispatch(ids, [x])
-    pending = moe._shared.pending
+    pending = moe._transport.shared.pending
     _refused(moe.combine, "out must be", out="x")
     out = torch.full((3, HIDDEN), 7.0, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^workspace must be a CUDA tensor$"):  # refused by the bound C++ entry
         moe.combine(out=out)
-    assert moe._order.state == "dispatched" and moe._shared.pending is pending
+    assert moe._transport.shared.order.state == "dispatched" and moe._transport.shared.pending is pending
     monkeypatch.setattr(calls, "_combine", lambda *args: None)
-    assert moe.combine(out=out) is out and moe._order.state == "idle"
+    assert moe.combine(out=out) is out and moe._transport.shared.order.state == "idle"
 
 
 def test_traced_calls():
@@ -166,7 +166,7 @@ def test_flashinfer_compat_dispatch():
         ids, x = _inputs()
         for bad, match in BAD_DISPATCH[:4]:
             _refused(a2a.dispatch, match, *bad(ids, x), MAX_TOKENS)
-            assert a2a._a2a._order.state == "idle"
+            assert a2a._a2a._transport.shared.order.state == "idle"
     finally:
         a2a.destroy()
     assert shared_workspace.live_workspaces() == []

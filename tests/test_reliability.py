@@ -82,7 +82,7 @@ def test_stream_order_waits_for_the_previous_steps_stream(monkeypatch):
     waits only for an earlier captured step's stream that is still capturing; the steady state waits for nothing."""
     import torch
 
-    from flashinfer_a2a.memory import lifecycle
+    from flashinfer_a2a.memory import call_order
 
     class Stream:
         def __init__(self, handle):
@@ -93,11 +93,11 @@ def test_stream_order_waits_for_the_previous_steps_stream(monkeypatch):
 
     streams = {h: Stream(h) for h in (0x10, 0x20, 0x30, 0x40)}
     now = {"stream": 0x10, "capturing": set()}
-    monkeypatch.setattr(lifecycle, "_stream_getter", lambda device: lambda: now["stream"])
-    monkeypatch.setattr(lifecycle, "_capturing", lambda s: s.cuda_stream in now["capturing"])
+    monkeypatch.setattr(call_order, "_stream_getter", lambda device: lambda: now["stream"])
+    monkeypatch.setattr(call_order, "_capturing", lambda s: s.cuda_stream in now["capturing"])
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams[now["stream"]])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: now["stream"] in now["capturing"])
-    order = lifecycle.StreamOrder(torch.device("cuda", 0))
+    order = call_order.StreamOrder(torch.device("cuda", 0))
 
     def step(handle):
         now["stream"] = handle

@@ -88,16 +88,16 @@ def test_pending_dispatch_is_per_shared_workspace():
     a, b, draft = group.run(lambda rank, comm: [_layer(comm), _layer(comm), _layer(comm, namespace="draft")])[0]
     with pytest.raises(RuntimeError, match="without a pending dispatch"):
         b.combine_input()
-    a._shared.pending = (4, 16, torch.zeros(1, dtype=torch.int32))  # what a dispatch leaves (the kernel needs a GPU)
-    a._shared.order.advance("dispatch")
+    a._transport.shared.pending = (4, 16, torch.zeros(1, dtype=torch.int32))  # what a dispatch leaves (the kernel needs a GPU)
+    a._transport.shared.order.advance("dispatch")
     with pytest.raises(RuntimeError, match="dispatch called twice"):
         b.dispatch(torch.zeros(4, 8, dtype=torch.int32), [torch.zeros(4, 512, dtype=torch.bfloat16)], 16)
-    assert b._shared.pending[0] == 4  # the pending dispatch is left usable
-    assert draft._shared.pending is None
+    assert b._transport.shared.pending[0] == 4  # the pending dispatch is left usable
+    assert draft._transport.shared.pending is None
     with pytest.raises(RuntimeError, match="while a dispatch is pending"):
         group.run(lambda rank, comm: _layer(comm, hidden_size=4096))
-    a._shared.pending = None
-    a._shared.order.reset()
+    a._transport.shared.pending = None
+    a._transport.shared.order.reset()
     group.run(lambda rank, comm: [x.destroy() for x in (a, b, draft)])
 
 

@@ -8,7 +8,8 @@ import flashinfer_a2a as fa
 from flashinfer_a2a import MoeAlltoAll
 from flashinfer_a2a.library import ops
 from flashinfer_a2a import split_phase as sp
-from flashinfer_a2a.split_phase import CallOrder
+from flashinfer_a2a.library import constants
+from flashinfer_a2a.memory.call_order import CallOrder
 
 from .test_moe_alltoall import _OneRank
 
@@ -64,7 +65,7 @@ def test_num_sms_is_checked_before_any_collective(num_sms):
 
 
 def test_phase_codes_and_schemas():
-    assert (sp.BOTH, sp.SEND, sp.RECV) == (0, 1, 2)
+    assert (constants.SPLIT_BOTH, constants.SPLIT_SEND, constants.SPLIT_RECV) == (0, 1, 2)  # pinned to C++ too
     dispatch = str(torch.ops.flashinfer_a2a.dispatch.default._schema)
     combine = str(torch.ops.flashinfer_a2a.combine.default._schema)
     recv = str(torch.ops.flashinfer_a2a.dispatch_recv.default._schema)
@@ -134,7 +135,7 @@ class _CpuWorkspace:
 def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
     """MoeAlltoAll's split calls on the CPU, the launches replaced by recorders: calls out of order raise and launch
     nothing; a send then its receive launch once each, with the object's SM budget."""
-    from flashinfer_a2a.transports import nvlink_eager as eager_calls
+    from flashinfer_a2a.library import ops as library_ops
 
     class Comm(_OneRank):
         def barrier(self):
@@ -158,7 +159,12 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
         def bind_combine(self, *args):  # records (phase, combine mode, SM budget)
             return lambda *call: launched.append(("combine", call[-1], call[-2], args[-1]))
 
-    monkeypatch.setattr(eager_calls, "get_a2a_module", Bound)
+    def bind_eager_calls(workspace, recv_counts, ep_rank, sizes, num_experts, num_sms, one_gpu_per_rank):
+        bound = Bound()
+        return (bound.bind_dispatch(num_sms), bound.bind_dispatch_recv(),
+                bound.bind_combine(one_gpu_per_rank, num_sms))
+
+    monkeypatch.setattr(library_ops, "bind_eager_calls", bind_eager_calls)
     ids = torch.zeros(5, 2, dtype=torch.int32)
     x = torch.zeros(5, 64, dtype=torch.bfloat16)
     for call, message in ((a2a.dispatch_recv, "dispatch_recv called without a pending dispatch"),
@@ -176,7 +182,7 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
         with pytest.raises(RuntimeError, match=message):
             call()
     (recv_x,), counts = a2a.dispatch_recv()
-    assert recv_x.shape == (1, 8, 64) and counts is a2a._recv_counts
+    assert recv_x.shape == (1, 8, 64) and counts is a2a._transport.recv_counts
     assert a2a.combine_input().shape == (1, 8, 64)
     a2a.combine_send()
     with pytest.raises(RuntimeError, match="call combine_recv first"):

@@ -68,8 +68,8 @@ def alternate(a2a, other=[]) -> None:
     if not other:
         other.append(torch.cuda.Stream())
     with torch.cuda.stream(other[0]):
-        a2a._shared.stream.order()
-    a2a._shared.stream.order()
+        a2a._transport.shared.stream.order()
+    a2a._transport.shared.stream.order()
 
 
 def main() -> None:
@@ -91,7 +91,7 @@ def main() -> None:
             print(f"{tokens} tokens: {label} {per_call}; eager step back to back {wall:.2f} us")
         # The layers under dispatch, each call a dispatch of its own (as MoeAlltoAll makes it), and for scale the
         # functional call and the tvm-ffi call with every argument, which an eager MoeAlltoAll no longer makes.
-        calls = a2a._eager()
+        calls = a2a._transport.eager()
         bound = (ids, payloads, MAX_TOKENS, 10.0, 0, None, False, 0)
         args = (workspace, ids, payloads, counts, 0, *config.sizes(), MAX_TOKENS, EXPERTS, 10.0, 0, None, False, 0, 0)
         layers = {
@@ -103,7 +103,7 @@ def main() -> None:
             "tvm-ffi dispatch, every argument": lambda: module.dispatch(*args),
             "tvm-ffi get_workspace_size": lambda: module.get_workspace_size(*config.sizes()),
             "torch x.add_(0)": lambda: payloads[0].add_(0),
-            "stream order, the step's stream unchanged": a2a._shared.stream.order,
+            "stream order, the step's stream unchanged": a2a._transport.shared.stream.order,
             "stream order, two streams in turn (a wait each call) + torch.cuda.stream": lambda: alternate(a2a),
         }
         for name, fn in layers.items():

@@ -39,6 +39,7 @@ from .args import BenchArgs
 from .session import Session
 from .timing import RankSteps
 from .traffic import Traffic, count_rows
+from .. import config
 
 
 @dataclasses.dataclass
@@ -212,7 +213,7 @@ class A2A:
                              lambda: moe.combine(partials, **combine_kw))
         # Simulated ranks run the path MoeAlltoAll runs (an engine's): its eager calls, bound once per rank, with
         # receive views made once. Two bindings, as the dispatch and the combine get different SM budgets here.
-        sim, num_sms, timeout = self.sim, variant.num_sms, F._timeout(None)
+        sim, num_sms, timeout = self.sim, variant.num_sms, config.timeout_or_default(None)
         counts = torch.empty(sim.ep_size, dtype=torch.int32, device=device)
         pulled = {None: COMBINE_PULL, "fp8_block": COMBINE_PULL}  # ranks sharing a GPU always pull
 

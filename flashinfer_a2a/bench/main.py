@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..jit import get_a2a_module
+from ..library import ops as library
 from .args import DTYPES, BenchArgs, parse_args
 from .impls import (A2A, Case, combine_row_bytes, dispatch_row_bytes, make_case, nccl_a2a_steps, nccl_ag_rs_steps,
                     variants)
@@ -150,7 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Loaded before the first case, with a word first: a first run compiles the library here (minutes; the JIT
     # prints a line when it starts and when it ends, and a rank that waits for another's build says so).
     progress("loading flashinfer_a2a's CUDA library (a first run compiles it)")
-    get_a2a_module()
+    library.load()
     if args.overlap:
         return _main_overlap(args, session, progress, argv)
     plan = [(dtype, tokens, routing) for dtype in args.dtypes for tokens in args.tokens for routing in args.routings]

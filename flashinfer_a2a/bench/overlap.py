@@ -25,11 +25,12 @@ from ..library import ops
 from ..library.errors import check_error
 from ..moe_alltoall import MoeAlltoAll
 from ..testing.simulate import SimulatedRanks
-from ..split_phase import RECV, SEND
+from ..library.constants import SPLIT_RECV, SPLIT_SEND
 from .args import DTYPES, BenchArgs
 from .impls import dispatch_row_bytes, make_case, routing_payload_bytes
 from .session import Session
 from .timing import RankSteps, time_loop
+from .. import config
 
 GEMM_N = 2048
 LOOPS = ("a2a", "gemm", "serial", "overlap")
@@ -74,7 +75,7 @@ class _MicroBatch:
                 "combine_recv": lambda: moe.combine_recv(out=out),
             }
         # Simulated ranks: the calls MoeAlltoAll makes (a counts tensor made once, no receive views needed here).
-        sim, num_sms, timeout = self.sim, self.num_sms, F._timeout(None)
+        sim, num_sms, timeout = self.sim, self.num_sms, config.timeout_or_default(None)
         counts = torch.empty(sim.ep_size, dtype=torch.int32, device=self.session.device)
         no_rows = torch.empty(0, self.hidden, dtype=self.dtype, device=self.session.device)
 
@@ -84,15 +85,15 @@ class _MicroBatch:
                               phase=phase)
 
         def combine(phase=0):
-            F.combine(sim.workspace, rank, sim.config, counts, 0 if phase == SEND else tokens, tokens,
-                      out=no_rows if phase == SEND else out, timeout_s=timeout, num_sms=num_sms, phase=phase)
+            F.combine(sim.workspace, rank, sim.config, counts, 0 if phase == SPLIT_SEND else tokens, tokens,
+                      out=no_rows if phase == SPLIT_SEND else out, timeout_s=timeout, num_sms=num_sms, phase=phase)
 
         def dispatch_recv():
             ops.dispatch_recv(sim.workspace, counts, rank, *sim.config.sizes(), tokens, timeout)
 
-        return {"dispatch": dispatch, "combine": combine, "dispatch_send": lambda: dispatch(SEND),
-                "dispatch_recv": dispatch_recv, "combine_send": lambda: combine(SEND),
-                "combine_recv": lambda: combine(RECV)}
+        return {"dispatch": dispatch, "combine": combine, "dispatch_send": lambda: dispatch(SPLIT_SEND),
+                "dispatch_recv": dispatch_recv, "combine_send": lambda: combine(SPLIT_SEND),
+                "combine_recv": lambda: combine(SPLIT_RECV)}
 
     def fill_combine_input(self, rank: int, tokens: int) -> None:
         if self.sim is not None:

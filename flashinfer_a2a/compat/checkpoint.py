@@ -34,7 +34,7 @@ from ..comm import Communicator
 from ..memory.fd_exchange import allgather_fds
 from ..memory.lifecycle import barrier_within, bounded
 from ..memory.shared_workspace import SharedWorkspace
-from ..split_phase import CallOrder
+from ..memory.call_order import CallOrder
 from ..memory.symm_mem import SymmetricWorkspace
 
 POISON_BYTE = 0xFF  # reads as NaN in bf16/fp16/fp32: a row read after detach shows up

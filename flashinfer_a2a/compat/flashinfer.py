@@ -168,7 +168,8 @@ class MoeAlltoAll:
                                        hidden_size=hidden_size, dispatch_bytes_per_token=dispatch_bytes,
                                        combine_bytes_per_token=combine_bytes, namespace=namespace,
                                        transport="nvlink")  # FlashInfer's MoeAlltoAll is the one-sided NVLink one
-        checkpoint.register(self._a2a._shared, self._a2a)
+        for user in (self._a2a, self._a2a._transport):  # both hold the communicator restore replaces
+            checkpoint.register(self._a2a._transport.shared, user)
 
     @staticmethod
     def _ep_backend(mapping: Mapping, config: Optional[MnnvlConfig]) -> Any:
@@ -268,7 +269,7 @@ class MoeAlltoAll:
             raise ValueError("payload_in_workspace=True but payload is not the tensor "
                              "get_combine_payload_tensor_in_workspace returned")
         if output is None:
-            num_tokens = self._a2a._shared.pending[0]
+            num_tokens = self._a2a._transport.shared.pending[0]
             output = torch.empty(num_tokens, payload.shape[-1], dtype=payload.dtype, device=payload.device)
         # A payload already in the combine region is published where it lies (never copied onto itself).
         return self._a2a.combine(None if in_workspace else payload, out=output,
@@ -301,7 +302,7 @@ class MoeAlltoAll:
     def destroy(self) -> None:
         """Releases the workspace (the last user of a shared one frees it). Collective. Works between
         :meth:`checkpoint_prepare` and :meth:`checkpoint_restore` too."""
-        shared = self._a2a._shared
+        shared = self._a2a._transport.shared
         self._a2a.destroy()
         if shared is not None and shared.allocation is None:
             checkpoint.forget(shared)
@@ -309,17 +310,17 @@ class MoeAlltoAll:
     _reset_workspace = destroy
 
     def _live_shared(self, what: str):
-        if self._a2a._shared is None:
+        if self._a2a._transport.shared is None:
             raise RuntimeError(f"MoeAlltoAll.{what}: this MoeAlltoAll was destroyed")
-        return self._a2a._shared
+        return self._a2a._transport.shared
 
     def _check_attached(self, what: str) -> None:
-        if self._a2a._shared is not None:
-            checkpoint.check_attached(self._a2a._shared, what)
+        if self._a2a._transport.shared is not None:
+            checkpoint.check_attached(self._a2a._transport.shared, what)
 
     def _check_runtime_max(self, runtime_max: int, what: str) -> None:
         """The pending dispatch (of this shared workspace) used ``runtime_max``; RuntimeError without one."""
-        _, pending_max, _ = self._a2a._require_pending(what)
+        _, pending_max, _ = self._a2a._transport.require_pending(what)
         if runtime_max != pending_max:
             raise ValueError(f"{what}: runtime_max_tokens_per_rank={runtime_max} differs from the pending "
                              f"dispatch's {pending_max}")

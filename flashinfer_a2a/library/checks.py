@@ -19,7 +19,7 @@ import torch
 from .combine_mode import check_combine_mode_code
 from .constants import (FP8_WIRE_HIDDEN_MULTIPLE, FP8_WIRE_MAX_HIDDEN, MAX_PAYLOADS, MAX_TIMEOUT_S,
                         QUANT_FORMAT_CODES, check_sizes)
-from .wire_formats import WIRE_FORMATS
+from .wire_formats import WIRE_FORMATS, WireFormat, wire_format
 
 _IDS = (torch.int32, torch.int64)
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -327,3 +327,34 @@ def check_topk_ids_on_host(topk_ids: torch.Tensor, num_experts: int) -> None:
     if low < -1 or high >= num_experts:
         bad = low if low < -1 else high
         raise ValueError(f"topk_ids holds expert id {bad}; valid ids are -1 (no expert) and 0..{num_experts - 1}")
+
+
+def quant_format_of(name: Optional[str]) -> Optional[WireFormat]:
+    return None if name is None else wire_format(name, "quant_format")
+
+
+def global_scale_tensor(global_scale, workspace: torch.Tensor) -> Optional[torch.Tensor]:
+    if global_scale is None or isinstance(global_scale, torch.Tensor):
+        return global_scale
+    return torch.full((1,), float(global_scale), dtype=torch.float32, device=workspace.device)
+
+
+def check_dispatch_call(topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max_tokens_per_rank: int,
+                        quant_format: Optional[str] = None) -> Optional[WireFormat]:
+    """The host checks of a dispatch's tensors (kinds, token counts, payload count; the C++ checks the rest) with
+    errors in the caller's terms; returns the quantization format asked for."""
+    check_dispatch_inputs(topk_ids, payloads)
+    fmt = quant_format_of(quant_format)
+    if len(payloads) > MAX_PAYLOADS - (fmt is not None):
+        raise ValueError(f"payloads: at most {MAX_PAYLOADS - (fmt is not None)} tensors per dispatch"
+                         f"{' that quantizes' if fmt else ''}, got {len(payloads)}")
+    num_tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else -1
+    if num_tokens < 0 or num_tokens > runtime_max_tokens_per_rank:
+        raise ValueError(
+            f"topk_ids must be [num_tokens, top_k] with num_tokens <= runtime_max_tokens_per_rank="
+            f"{runtime_max_tokens_per_rank}, got {tuple(topk_ids.shape)}"
+        )
+    for i, p in enumerate(payloads):
+        if p.dim() < 1 or p.shape[0] != num_tokens:
+            raise ValueError(f"payloads[{i}] must be [num_tokens={num_tokens}, ...], got {tuple(p.shape)}")
+    return fmt

@@ -16,6 +16,7 @@ MAX_PAYLOADS = 8  # kMaxPayloads
 MAX_NUM_TOKENS_LIMIT = 1 << 24  # max_num_tokens must stay below: slots take kRouteSlotBits of a routing entry
 MAX_TIMEOUT_S = 1e6  # TimeoutNs in csrc/kernels.h
 QUANT_FORMAT_CODES = range(4)  # QuantFormat: none, fp8_block, mxfp8, nvfp4
+SPLIT_BOTH, SPLIT_SEND, SPLIT_RECV = 0, 1, 2  # CombinePhase / DispatchPhase: whole call, send half, receive half
 COMBINE_PULL = 0  # CombineMode::kPull
 COMBINE_PUSH = 1  # CombineMode::kPush
 FP8_WIRE_HIDDEN_MULTIPLE = 8  # kQuantLaneElems: an FP8-wire combine quantizes 8 elements a lane
@@ -27,6 +28,9 @@ PINNED = {
     "MAX_TOP_K": "max_top_k",
     "MAX_PAYLOADS": "max_payloads",
     "MAX_NUM_TOKENS_LIMIT": "max_num_tokens_limit",
+    "SPLIT_BOTH": "split_both",
+    "SPLIT_SEND": "split_send",
+    "SPLIT_RECV": "split_recv",
     "COMBINE_PULL": "combine_pull",
     "COMBINE_PUSH": "combine_push",
     "FP8_WIRE_HIDDEN_MULTIPLE": "fp8_wire_hidden_multiple",

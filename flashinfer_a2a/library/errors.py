@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
+from typing import Optional
+
 import torch
+
+from .. import config as _config
+from .checks import check_topk_ids_on_host
 
 from .constants import call_layout_fields, library_constants
 from .layout import metadata_offsets
@@ -119,3 +125,37 @@ def check_error(workspace: torch.Tensor, ep_rank: int) -> None:
             "Re-initialize the workspace on every rank."
         )
     raise A2AError(message, ep_rank=ep_rank, code=code, phase=phase, peer=peer, epoch=epoch, detail=detail)
+
+
+# Set while one process launches several ranks' calls (simulated ranks): a host sync after one rank's call would
+# wait on kernels that wait on ranks not launched yet, so the debug check runs once all are launched.
+DEFER_DEBUG_CHECKS = contextvars.ContextVar("flashinfer_a2a_defer_debug_checks", default=False)
+
+
+def debug_enabled(debug: Optional[bool]) -> bool:
+    """``debug``, or ``FLASHINFER_A2A_DEBUG`` when None."""
+    return _config.debug() if debug is None else debug
+
+
+def eager_call() -> bool:
+    """Neither tracing nor capturing a CUDA graph (a torch without CUDA captures nothing)."""
+    return not torch.compiler.is_compiling() and not (torch.cuda.is_available()
+                                                      and torch.cuda.is_current_stream_capturing())
+
+
+def debug_checks_due(debug: Optional[bool] = None) -> bool:
+    """Whether the eager debug check should run now: ``debug`` (default ``FLASHINFER_A2A_DEBUG``) and an eager
+    call that is neither deferred (simulated ranks) nor captured."""
+    return debug_enabled(debug) and not DEFER_DEBUG_CHECKS.get() and eager_call()
+
+
+def debug_check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Debug mode, before a dispatch: its ids checked on the host, in eager calls (this waits on this rank's stream
+    only, never on peers)."""
+    if eager_call():
+        check_topk_ids_on_host(topk_ids, num_experts)
+
+
+def debug_check(workspace: torch.Tensor, ep_rank: int, debug: Optional[bool]) -> None:
+    if debug_checks_due(debug):
+        check_error(workspace, ep_rank)

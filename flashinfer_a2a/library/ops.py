@@ -248,3 +248,21 @@ def dispatch_layout(
     )
     offsets = [int(o) for o in offsets]
     return offsets[:-1], offsets[-1]
+
+
+def bind_eager_calls(workspace, recv_counts, ep_rank: int, sizes: Sequence[int], num_experts: int, num_sms: int,
+                     one_gpu_per_rank: bool) -> tuple[Callable, Callable, Callable]:
+    """``(dispatch, dispatch_recv, combine)``: the C++ entries with the arguments that stay fixed for one instance
+    (workspace, counts tensor, rank, sizes, experts, SM budget) bound once, so that an eager call converts only what
+    changes (about half a microsecond a tensor). Each call still runs every check of the entry before it launches;
+    the bound dispatch returns the id of its payloads' row shapes. Used by
+    :mod:`flashinfer_a2a.transports.nvlink_eager`; traced calls go through the ops above."""
+    module = get_a2a_module()
+    return (module.bind_dispatch(workspace, recv_counts, ep_rank, *sizes, num_experts, num_sms),
+            module.bind_dispatch_recv(workspace, recv_counts, ep_rank, *sizes),
+            module.bind_combine(workspace, recv_counts, ep_rank, *sizes, one_gpu_per_rank, num_sms))
+
+
+def load() -> None:
+    """Builds (first use) or loads the library now, e.g. before a timed loop or a wait on peers."""
+    get_a2a_module()

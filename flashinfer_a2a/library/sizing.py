@@ -13,7 +13,8 @@ from typing import Optional
 
 import torch
 
-from ..functional import MAX_TOP_K, WorkspaceConfig
+from .constants import MAX_TOP_K
+from .layout import WorkspaceConfig
 from .wire_formats import check_combine_format, push_combine_bytes_per_token, wire_format
 
 _ID_DTYPES = (torch.int32, torch.int64)

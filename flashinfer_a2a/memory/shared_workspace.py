@@ -23,11 +23,11 @@ from typing import Any, Hashable, Optional
 
 import torch
 
-from .. import functional as F
+from ..library import layout
 from ..comm import Communicator
-from .lifecycle import StreamOrder, barrier_within, release_workspace
+from .call_order import CallOrder, StreamOrder
+from .lifecycle import barrier_within, release_workspace
 from ..library.sizing import union
-from ..split_phase import CallOrder
 from .symm_mem import SymmetricWorkspace
 
 
@@ -39,7 +39,7 @@ class SharedWorkspace:
         self.key, self.comm, self.namespace, self.device_index = key, comm, namespace, device
         self.timeout_s = timeout_s  # bounds every barrier here: a dead peer is named, never waited for forever
         self._group = group  # held so that the id in the key cannot be reused by another group while we live
-        self.config: Optional[F.WorkspaceConfig] = None
+        self.config: Optional[layout.WorkspaceConfig] = None
         self.allocation: Any = None
         self.tensor: Optional[torch.Tensor] = None
         self.metainfo: Optional[torch.Tensor] = None
@@ -57,7 +57,7 @@ class SharedWorkspace:
         #: orders every user's steps across streams (they share the epochs and the pending dispatch)
         self.stream: Optional[StreamOrder] = None
 
-    def reserve(self, config: F.WorkspaceConfig) -> bool:
+    def reserve(self, config: layout.WorkspaceConfig) -> bool:
         """Makes the workspace fit ``config`` too; returns whether it changed. Collective when it changes (every
         rank reserves the same configs in the same order)."""
         if config.ep_size != self.comm.size:
@@ -80,7 +80,7 @@ class SharedWorkspace:
             self.stream = StreamOrder(self.tensor.device)
         self.eager_calls.clear()
         try:
-            self.metainfo = F.initialize(self.tensor, self.comm.rank, want)
+            self.metainfo = layout.initialize(self.tensor, self.comm.rank, want)
             self._quiesce("initialized its workspace")  # every rank initialized before any rank dispatches
         except BaseException:
             self._free()  # a failed construction or growth keeps nothing
@@ -138,7 +138,7 @@ def group_key(group: Any, comm: Communicator) -> Hashable:
     return ("default",) if group is None else ("object", id(group))
 
 
-def acquire(comm: Communicator, group: Any, namespace: str, config: F.WorkspaceConfig,
+def acquire(comm: Communicator, group: Any, namespace: str, config: layout.WorkspaceConfig,
             device: Optional[int] = None, timeout_s: float = 10.0) -> SharedWorkspace:
     """The shared workspace of ``(group, namespace, device)``, made to fit ``config`` (created or grown
     collectively), with one more user. Pair with :func:`release`."""

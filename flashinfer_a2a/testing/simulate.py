@@ -15,6 +15,7 @@ import torch
 from .. import functional as F
 from .. import split_phase
 from ..library.errors import check_error
+from ..library.errors import DEFER_DEBUG_CHECKS, debug_checks_due
 
 T = TypeVar("T")
 
@@ -54,7 +55,7 @@ class SimulatedRanks:
         ranks = range(self.ep_size) if ranks is None else ranks
         current = torch.cuda.current_stream(self.device)
         results = []
-        token = F.DEFER_DEBUG_CHECKS.set(True)
+        token = DEFER_DEBUG_CHECKS.set(True)
         try:
             for rank in ranks:
                 stream = self.streams[rank]
@@ -62,10 +63,10 @@ class SimulatedRanks:
                 with torch.cuda.stream(stream):
                     results.append(fn(rank))
         finally:
-            F.DEFER_DEBUG_CHECKS.reset(token)
+            DEFER_DEBUG_CHECKS.reset(token)
         for rank in ranks:
             current.wait_stream(self.streams[rank])
-        if F.debug_checks_due():
+        if debug_checks_due():
             for rank in ranks:
                 check_error(self.workspace, rank)
         return results

@@ -48,6 +48,7 @@ from . import nccl_traced as traced
 from ..reference import quant
 from ..library.checks import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
 from ..library.wire_formats import WireFormat, check_combine_format, wire_format
+from ..library.errors import eager_call
 
 TRANSPORTS = ("auto", "nvlink", "nccl")
 MAX_TOP_K = 32
@@ -123,11 +124,6 @@ def process_group_of(comm: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- local routing
-
-
-def _eager() -> bool:
-    return not torch.compiler.is_compiling() and not (torch.cuda.is_available()
-                                                      and torch.cuda.is_current_stream_capturing())
 
 
 def rank_mask(topk_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
@@ -220,7 +216,7 @@ class NcclTransport:
         self.device = torch.device(device)
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._pending: Optional[Pending] = None
-        self._recv_counts = torch.zeros(self.ep_size, dtype=torch.int32, device=self.device)
+        self.recv_counts = torch.zeros(self.ep_size, dtype=torch.int32, device=self.device)
         self._calls = 0
         self._alive = True
 
@@ -241,8 +237,9 @@ class NcclTransport:
 
     # ----------------------------------------------------------------------------------------------- dispatch
 
-    def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, *,
-                 quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
+    def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int,
+                 timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
+                 global_scale: Optional[torch.Tensor | float] = None,
                  swizzled_scales: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
         """See :meth:`flashinfer_a2a.MoeAlltoAll.dispatch`: ``(recv_payloads, recv_counts)``, each payload
         ``[ep_size, runtime_max, ...]`` (a quantized first payload as values and scales), valid until the next
@@ -254,7 +251,7 @@ class NcclTransport:
             raise RuntimeError("exact=True synchronises with the host (it exchanges the counts first): call it "
                                "eagerly, not inside torch.compile (the padded mode, exact=False, traces)")
         fmt = self._check_dispatch(topk_ids, payloads, runtime_max, quant_format, global_scale, swizzled_scales)
-        if self.debug and _eager():
+        if self.debug and eager_call():
             check_topk_ids_on_host(topk_ids, self.num_experts)
             self._check_same_call(runtime_max)
         mask = rank_mask(topk_ids, self.num_experts, self.ep_size)
@@ -263,7 +260,7 @@ class NcclTransport:
             wire[:1] = self._quantize(payloads[0], fmt, global_scale)
         if self.exact:
             recv, splits = self._dispatch_exact(mask, wire, runtime_max)
-            counts = self._recv_counts
+            counts = self.recv_counts
         else:
             (recv, counts), splits = self._dispatch_padded(mask, wire, runtime_max), None
         if fmt is not None and swizzled_scales:
@@ -355,7 +352,7 @@ class NcclTransport:
         if traced.tracing():  # a fresh counts tensor: a traced graph must not write one kept between calls
             counts = torch.sum(mine, dim=1, dtype=torch.int32)
         else:
-            counts = torch.sum(mine, dim=1, dtype=torch.int32, out=self._recv_counts)
+            counts = torch.sum(mine, dim=1, dtype=torch.int32, out=self.recv_counts)
         # A stable sort of "not mine" puts each block's rows for this rank first, in increasing token order: the
         # NVLink path's receive order. Rows past the count hold other rows of the block (unspecified by contract).
         order = torch.argsort(1 - mine, dim=1, stable=True)
@@ -372,7 +369,7 @@ class NcclTransport:
         return recv, counts
 
     def _dispatch_exact(self, mask: torch.Tensor, wire: Sequence[torch.Tensor], runtime_max: int):
-        if not _eager():
+        if not eager_call():
             raise RuntimeError("exact=True synchronises with the host (it exchanges the counts first): call it "
                                "eagerly, not inside a CUDA graph or torch.compile")
         ep_size, dist = self.ep_size, self._dist
@@ -380,7 +377,7 @@ class NcclTransport:
         got = torch.empty_like(sent)
         dist.all_to_all_single(got, sent, group=self.group)
         send_splits, recv_splits = sent.tolist(), got.tolist()
-        self._recv_counts.copy_(got)
+        self.recv_counts.copy_(got)
         pairs = mask.t().nonzero()  # (destination, token), destination major, tokens increasing
         packed = torch.cat([_bytes(p) for p in wire], dim=1)
         recv_rows = torch.empty(sum(recv_splits), packed.shape[1], dtype=torch.uint8, device=self.device)
@@ -424,8 +421,8 @@ class NcclTransport:
             return given
         return self._buffer("combine input", shape, dtype)
 
-    def combine(self, partials: Optional[torch.Tensor], hidden: int, dtype: torch.dtype, *,
-                out: Optional[torch.Tensor] = None, quant_format: Optional[str] = None) -> torch.Tensor:
+    def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype,
+                timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> torch.Tensor:
         """``out[t]`` = the partials of the ranks token t went to, summed in increasing rank order in fp32, cast
         to the partials' dtype. ``quant_format="fp8_block"``: partials for other ranks cross as FP8 with an fp32
         scale per 128 (a rank's own stay exact), as :func:`flashinfer_a2a.reference.quant.reference_combine_fp8`."""
@@ -518,8 +515,36 @@ class NcclTransport:
         if not self._alive:
             raise RuntimeError("this MoeAlltoAll was destroyed")
 
+    # What only the NVLink transport has (the interface of flashinfer_a2a.transports.base).
+    def dispatch_send(self, *args) -> None:
+        raise _nvlink_only("dispatch_send")
+
+    def dispatch_recv(self) -> None:
+        raise _nvlink_only("dispatch_recv")
+
+    def combine_send(self, *args) -> None:
+        raise _nvlink_only("combine_send")
+
+    def combine_recv(self, *args) -> None:
+        raise _nvlink_only("combine_recv")
+
+    def bind_stream(self, stream: Optional[torch.cuda.Stream]) -> None:
+        raise _nvlink_only("bind_stream")
+
+    def combine_mode(self, quant_format: Optional[str] = None) -> str:
+        check_combine_format(quant_format, "combine quant_format")
+        return "pull"  # each rank gets its tokens' partials back and sums them
+
+    def workspace_breakdown(self) -> str:
+        return "transport nccl: no symmetric workspace (buffers are kept per call shape, docs/multi_node.md)"
+
     def _require_pending(self, what: str) -> Pending:
         self._check_alive()
         if self._pending is None:
             raise RuntimeError(f"MoeAlltoAll.{what} called without a pending dispatch: call dispatch first")
         return self._pending
+
+
+def _nvlink_only(call: str) -> NotImplementedError:
+    return NotImplementedError(f"MoeAlltoAll.{call} needs transport='nvlink' (split-phase calls and stream binding "
+                               "are the one-sided transport's)")

@@ -16,10 +16,11 @@ from typing import Optional, Sequence
 import torch
 
 from .. import functional as F
-from ..library.constants import COMBINE_PULL
-from ..jit import get_a2a_module
-from ..split_phase import SEND
+from ..library.constants import COMBINE_PULL, SPLIT_SEND
+from ..library import ops
 from ..library.wire_formats import check_combine_format, wire_format
+from ..library.checks import check_dispatch_call, global_scale_tensor
+from ..library.errors import debug_check, debug_check_ids
 
 _MAX_VIEW_SHAPES = 64  # distinct receive-view shapes kept (runtime_max may vary per step): past it, start over
 
@@ -35,13 +36,10 @@ class EagerCalls:
     def __init__(self, workspace: torch.Tensor, recv_counts: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig,
                  num_experts: int, num_sms: int, one_gpu_per_rank: bool, combine_modes: dict[Optional[str], int],
                  debug: bool) -> None:
-        module = get_a2a_module()
         self.workspace, self.config, self.ep_rank, self.num_experts = workspace, config, ep_rank, num_experts
         self.device, self.combine_modes, self.debug = workspace.device, combine_modes, debug
-        self._dispatch = module.bind_dispatch(workspace, recv_counts, ep_rank, *config.sizes(), num_experts, num_sms)
-        self._dispatch_recv = module.bind_dispatch_recv(workspace, recv_counts, ep_rank, *config.sizes())
-        self._combine = module.bind_combine(workspace, recv_counts, ep_rank, *config.sizes(), one_gpu_per_rank,
-                                            num_sms)
+        self._dispatch, self._dispatch_recv, self._combine = ops.bind_eager_calls(
+            workspace, recv_counts, ep_rank, config.sizes(), num_experts, num_sms, one_gpu_per_rank)
         self._views: dict[tuple, list[torch.Tensor]] = {}
         self._inputs: dict[tuple, torch.Tensor] = {}
         self._rowless: dict[tuple, torch.Tensor] = {}  # a combine send's out: its row shape only
@@ -53,18 +51,18 @@ class EagerCalls:
         made once per call shape (the C++ names the payloads' row shapes by an id, so they are not read here)."""
         code = 0 if quant_format is None else wire_format(quant_format, "quant_format").code
         if global_scale is not None and not isinstance(global_scale, torch.Tensor):
-            global_scale = F._global_scale(global_scale, self.workspace)
+            global_scale = global_scale_tensor(global_scale, self.workspace)
         if self.debug:  # the host checks first, as the functional call makes them
-            F.check_dispatch_call(topk_ids, payloads, runtime_max, quant_format)
-            F.debug_check_ids(topk_ids, self.num_experts)
+            check_dispatch_call(topk_ids, payloads, runtime_max, quant_format)
+            debug_check_ids(topk_ids, self.num_experts)
         try:
             shape_id = self._dispatch(topk_ids, payloads, runtime_max, timeout_s, code, global_scale,
                                       swizzled_scales, phase)
         except (TypeError, ValueError) as exc:  # refused before any launch
-            F.check_dispatch_call(topk_ids, payloads, runtime_max, quant_format)  # a clearer message, if it has one
+            check_dispatch_call(topk_ids, payloads, runtime_max, quant_format)  # a clearer message, if it has one
             raise type(exc)(str(exc)) from None
         if self.debug:
-            F._debug_check(self.workspace, self.ep_rank, True)
+            debug_check(self.workspace, self.ep_rank, True)
         key = (shape_id, runtime_max, quant_format, swizzled_scales)
         views = self._views.get(key)
         if views is None:
@@ -81,7 +79,7 @@ class EagerCalls:
         except (TypeError, ValueError) as exc:  # refused before any launch
             raise type(exc)(str(exc)) from None
         if self.debug:
-            F._debug_check(self.workspace, self.ep_rank, True)
+            debug_check(self.workspace, self.ep_rank, True)
 
     def combine_input(self, runtime_max: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
         """The zero-copy combine input (:func:`flashinfer_a2a.functional.combine_input`), made once per shape."""
@@ -100,7 +98,7 @@ class EagerCalls:
         """Launches the combine of the dispatch that wrote the bound counts tensor (``phase`` 0), its send half (1,
         ``out`` and ``num_tokens`` unused) or its receive half (2); returns ``out`` (made when None). A split combine
         is pulled."""
-        if phase == SEND:  # writes no output: a row-less out carries the row shape and dtype
+        if phase == SPLIT_SEND:  # writes no output: a row-less out carries the row shape and dtype
             if partials is not None:
                 hidden, dtype = partials.shape[-1], partials.dtype
             out = self._rowless.get((hidden, dtype))
@@ -118,5 +116,5 @@ class EagerCalls:
         except (TypeError, ValueError) as exc:  # refused before any launch
             raise type(exc)(str(exc)) from None
         if self.debug:
-            F._debug_check(self.workspace, self.ep_rank, True)
+            debug_check(self.workspace, self.ep_rank, True)
         return out

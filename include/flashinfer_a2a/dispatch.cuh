@@ -46,7 +46,7 @@ __host__ __device__ constexpr int32_t CopyVecBytes(int32_t vec_bytes) {
 }
 
 // What one launch does: the whole dispatch, or one of its halves (send: steps 1-3 up to the publish; receive: the
-// wait for the peers' counts). Values are shared with Python (flashinfer_a2a.split_phase).
+// wait for the peers' counts). The same values as CombinePhase, which the library exports to Python.
 enum class DispatchPhase : int32_t { kBoth = 0, kSend = 1, kRecv = 2 };
 
 struct DispatchParams {

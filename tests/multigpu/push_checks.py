@@ -24,7 +24,7 @@ def _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens, *, sized=True)
     a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * comm.size, hidden_size=hidden,
                       dtype=dtype, combine_format=wire if sized else None, push_combine=sized and wire is None)
     if SHARED_GPU:
-        a2a._symm.one_gpu_per_rank = True  # the pushed combine needs it (see SHARED_GPU)
+        a2a._transport.allocation.one_gpu_per_rank = True  # the pushed combine needs it (see SHARED_GPU)
     return a2a
 
 
@@ -128,7 +128,7 @@ def check_pull_without_room(group, comm):
     roomy = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * comm.size,
                         hidden_size=hidden, combine_bytes_per_token=4 * hidden * 2)
     if SHARED_GPU:
-        roomy._symm.one_gpu_per_rank = True  # as _pushing: only the mode may keep this combine from pushing
+        roomy._transport.allocation.one_gpu_per_rank = True  # as _pushing: only the mode may keep this combine from pushing
     assert roomy.combine_mode() == "pull" and roomy.combine_mode("fp8_block") == "pull"
     _check_pulls(comm, roomy, hidden)
 

@@ -242,10 +242,10 @@ class Runner:
         self.nvlink = self.a2a.transport == "nvlink"
         self.received: list[torch.Tensor] = []  # the last round's receive tensors (the nccl transport reuses them)
         if self.nvlink and SHARED_GPU and c.push:
-            self.a2a._symm.one_gpu_per_rank = True  # the pushed combine needs it (see common.SHARED_GPU)
+            self.a2a._transport.allocation.one_gpu_per_rank = True  # the pushed combine needs it (see common.SHARED_GPU)
 
     def counts_tensor(self) -> torch.Tensor:
-        return self.a2a._recv_counts if self.nvlink else self.a2a._nccl._recv_counts
+        return self.a2a._transport.recv_counts
 
     def poison(self, *written: Optional[torch.Tensor]) -> None:
         """Poisons what the next round writes, once every rank is done with the last one (a peer may still be

@@ -1,0 +1,49 @@
+"""What :class:`flashinfer_a2a.MoeAlltoAll` asks of a transport. The object checks the arguments every transport
+shares (sizes against the construction, the runtime maximum, the combine row) and delegates each step; the transport
+checks the call order of its workspace, launches, and keeps what a later step needs (the pending dispatch)."""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, Sequence
+
+import torch
+
+
+class Transport(Protocol):
+    """One expert-parallel group's dispatch and combine. ``runtime_max`` is already checked against the
+    construction's ``max_num_tokens``; ``hidden`` / ``dtype`` are the combine row; ``timeout_s`` bounds every wait."""
+
+    device: torch.device
+
+    def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, timeout_s: float,
+                 quant_format: Optional[str], global_scale: Optional[torch.Tensor | float],
+                 swizzled_scales: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``(recv_payloads, recv_counts)``: views ``[ep_size, runtime_max, ...]`` and ``[ep_size] int32``."""
+
+    def dispatch_send(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int,
+                      timeout_s: float, quant_format: Optional[str], global_scale: Optional[torch.Tensor | float],
+                      swizzled_scales: bool) -> None: ...
+
+    def dispatch_recv(self) -> tuple[list[torch.Tensor], torch.Tensor]: ...
+
+    def combine_input(self, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+        """Where the experts write the pending dispatch's partials ``[ep_size, runtime_max, hidden]`` (zero copy)."""
+
+    def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype,
+                timeout_s: float, quant_format: Optional[str]) -> torch.Tensor:
+        """``[num_tokens, hidden]``: each token's partials summed over the ranks it went to."""
+
+    def combine_send(self, partials: Optional[torch.Tensor], hidden: int, dtype: torch.dtype, timeout_s: float,
+                     quant_format: Optional[str]) -> None: ...
+
+    def combine_recv(self, out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype) -> torch.Tensor: ...
+
+    def combine_mode(self, quant_format: Optional[str]) -> str:
+        """``"push"`` or ``"pull"``: how :meth:`combine` with this wire moves the partials."""
+
+    def workspace_breakdown(self) -> str: ...
+
+    def bind_stream(self, stream: Optional[torch.cuda.Stream]) -> None: ...
+
+    def destroy(self) -> None:
+        """Releases what the transport holds; idempotent. Later steps raise."""

@@ -1,0 +1,247 @@
+"""The one-sided NVLink transport: dispatch pushes rows into the peers' workspaces, combine pulls (or pushes) the
+partials, through symmetric memory shared by every layer of a group and namespace
+(:mod:`flashinfer_a2a.memory.shared_workspace`).
+
+Each step runs eagerly through C++ functions bound once per instance (:mod:`.nvlink_eager`: one counts tensor, receive
+views made once per shape), or, while ``torch.compile`` traces, through the registered ops with fresh tensors (a
+traced view or counts tensor must not be kept). A step after a dispatch follows the path that dispatch took.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .. import functional as F
+from .. import split_phase
+from ..comm import Communicator
+from ..library.combine_mode import combine_mode_code
+from ..library.constants import SPLIT_RECV, SPLIT_SEND
+from ..library.wire_formats import check_combine_format
+from ..memory import shared_workspace
+from ..memory.lifecycle import barrier_within
+from .nvlink_eager import EagerCalls
+from ..library.errors import debug_checks_due
+
+_INSTANCES = itertools.count()  # names each instance's eager calls in its shared workspace
+
+
+class NvlinkTransport:
+    """One :class:`flashinfer_a2a.MoeAlltoAll`'s share of a symmetric workspace (see :class:`.base.Transport`).
+
+    Args:
+        comm, group, namespace, device: which shared workspace (acquired here, collectively).
+        requested: the sizes this layer needs; the shared workspace is grown to fit them.
+        num_experts, num_sms: as the constructor's.
+        pushed_wires: the combine wires this layer pushes when every rank has a GPU of its own.
+        timeout_s, debug: the constructor's defaults (``FLASHINFER_A2A_TIMEOUT_S``, ``FLASHINFER_A2A_DEBUG``).
+    """
+
+    def __init__(self, comm: Communicator, group: Any, namespace: str, requested: F.WorkspaceConfig,
+                 device: Optional[int | str], *, num_experts: int, num_sms: int, pushed_wires: frozenset,
+                 timeout_s: float, debug: bool) -> None:
+        self.comm, self.num_experts, self.num_sms = comm, num_experts, num_sms
+        self.pushed_wires, self.timeout_s, self.debug = pushed_wires, timeout_s, debug
+        self.shared: Optional[shared_workspace.SharedWorkspace] = shared_workspace.acquire(
+            comm, group, namespace, requested, device, timeout_s)
+        self.device = self.shared.tensor.device
+        self.recv_counts = torch.empty(comm.size, dtype=torch.int32, device=self.device)
+        self.calls = 0
+        self.instance = next(_INSTANCES)
+
+    # The workspace, its layout and the pending dispatch belong to the shared workspace (read at each call: a later
+    # layer may have grown it).
+    config = property(lambda self: self.shared.config)
+    workspace = property(lambda self: None if self.shared is None else self.shared.tensor)
+    metainfo = property(lambda self: self.shared.metainfo)
+    allocation = property(lambda self: None if self.shared is None else self.shared.allocation)
+
+    def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, timeout_s: float,
+                 quant_format: Optional[str], global_scale: Optional[torch.Tensor | float],
+                 swizzled_scales: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        return self._dispatch("dispatch", topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
+                              swizzled_scales)
+
+    def dispatch_send(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int,
+                      timeout_s: float, quant_format: Optional[str], global_scale: Optional[torch.Tensor | float],
+                      swizzled_scales: bool) -> None:
+        views, _ = self._dispatch("dispatch_send", topk_ids, payloads, runtime_max, timeout_s, quant_format,
+                                  global_scale, swizzled_scales)
+        self.shared.sent = (views, timeout_s)
+
+    def _dispatch(self, call: str, topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
+                  swizzled_scales) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A whole dispatch (``call`` "dispatch") or its send half ("dispatch_send")."""
+        shared = self._begin(call)
+        # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
+        if self.debug and debug_checks_due(True):
+            self._check_same_call(runtime_max)
+        phase = SPLIT_SEND if call == "dispatch_send" else 0
+        if torch.compiler.is_compiling():
+            launch = split_phase.dispatch_send if phase else F.dispatch
+            recv, counts = launch(self.workspace, self.comm.rank, self.config, topk_ids, payloads, runtime_max,
+                                  self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
+                                  global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self.debug,
+                                  num_sms=self.num_sms)
+        else:  # one counts tensor and cached views, valid (like the views always were) until the next dispatch
+            recv = self.eager().dispatch(topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
+                                         swizzled_scales, phase=phase)
+            counts = self.recv_counts
+        shared.pending = (topk_ids.shape[0], runtime_max, counts)
+        self.calls += 1
+        shared.order.advance(call)
+        return recv, counts
+
+    def dispatch_recv(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        shared = self._begin("dispatch_recv")
+        _, runtime_max, counts = shared.pending
+        views, timeout_s = shared.sent
+        if self._eager_step(counts):
+            self.eager().dispatch_recv(runtime_max, timeout_s)
+        else:
+            split_phase.dispatch_recv(self.workspace, self.comm.rank, self.config, counts, runtime_max,
+                                      timeout_s=timeout_s, debug=self.debug)
+        shared.sent = None
+        shared.order.advance("dispatch_recv")
+        return views, counts
+
+    def combine_input(self, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+        _, runtime_max, _ = self.require_pending("combine_input")
+        if torch.compiler.is_compiling():
+            return F.combine_input(self.workspace, self.comm.rank, self.config, runtime_max, hidden, dtype)
+        return self.eager().combine_input(runtime_max, hidden, dtype)  # eager calls get the same view each time
+
+    def combine_mode(self, quant_format: Optional[str] = None) -> str:
+        check_combine_format(quant_format, "combine quant_format")
+        return "push" if quant_format in self.pushed_wires and self.allocation.one_gpu_per_rank else "pull"
+
+    def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype,
+                timeout_s: float, quant_format: Optional[str]) -> torch.Tensor:
+        shared = self._begin("combine")
+        num_tokens, runtime_max, counts = shared.pending
+        if self._eager_step(counts):
+            result = self.eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
+                                          quant_format)
+        else:
+            result = F.combine(self.workspace, self.comm.rank, self.config, counts, num_tokens, runtime_max, partials,
+                               out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s,
+                               one_gpu_per_rank=self.allocation.one_gpu_per_rank, quant_format=quant_format,
+                               combine_mode=self.combine_mode(quant_format), debug=self.debug, num_sms=self.num_sms)
+        shared.pending = None
+        shared.order.advance("combine")
+        return result
+
+    def combine_send(self, partials: Optional[torch.Tensor], hidden: int, dtype: torch.dtype, timeout_s: float,
+                     quant_format: Optional[str]) -> None:
+        shared = self._begin("combine_send")
+        _, runtime_max, counts = shared.pending
+        if self._eager_step(counts):
+            self.eager().combine(partials, None, 0, hidden, dtype, runtime_max, timeout_s, quant_format, SPLIT_SEND)
+        else:
+            split_phase.combine_send(self.workspace, self.comm.rank, self.config, counts, runtime_max, partials,
+                                     hidden=hidden, dtype=dtype, timeout_s=timeout_s, quant_format=quant_format,
+                                     debug=self.debug, num_sms=self.num_sms)
+        shared.sent = (partials, timeout_s, quant_format)
+        shared.order.advance("combine_send")
+
+    def combine_recv(self, out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype) -> torch.Tensor:
+        shared = self._begin("combine_recv")
+        num_tokens, runtime_max, counts = shared.pending
+        partials, timeout_s, quant_format = shared.sent
+        if self._eager_step(counts):
+            result = self.eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
+                                          quant_format, SPLIT_RECV)
+        else:
+            result = split_phase.combine_recv(self.workspace, self.comm.rank, self.config, counts, num_tokens,
+                                              runtime_max, partials, out=out, hidden=hidden, dtype=dtype,
+                                              timeout_s=timeout_s, quant_format=quant_format, debug=self.debug,
+                                              num_sms=self.num_sms)
+        shared.pending = shared.sent = None
+        shared.order.advance("combine_recv")
+        return result
+
+    def eager(self) -> EagerCalls:
+        """This instance's eager calls on the shared workspace as it is now (made again when it moved)."""
+        calls = self.shared.eager_calls.get(self.instance)
+        if calls is None:
+            shared = self.shared
+            modes = {q: combine_mode_code(self.combine_mode(q)) for q in (None, "fp8_block")}
+            calls = shared.eager_calls[self.instance] = EagerCalls(
+                shared.tensor, self.recv_counts, self.comm.rank, shared.config, self.num_experts, self.num_sms,
+                shared.one_gpu_per_rank, modes, self.debug)
+        return calls
+
+    def _eager_step(self, counts: torch.Tensor) -> bool:
+        """Whether a step after the dispatch that wrote ``counts`` runs eagerly: that dispatch was eager (it wrote
+        this instance's counts tensor) and nothing is being traced."""
+        return counts is self.recv_counts and not torch.compiler.is_compiling()
+
+    def workspace_breakdown(self) -> str:
+        index = F.get_metainfo_index_pairs()
+        at = {name: int(self.metainfo[i]) for name, i in index.items()}
+        config, ep_size, mib = self.config, self.comm.size, 1 << 20
+        parts = [
+            ("metadata (epochs, signals, error record)", at["push_flags_offset"]),
+            (f"push flags [{ep_size}, {config.max_num_tokens}] uint32",
+             at["routing_offset"] - at["push_flags_offset"]),
+            (f"routing record [{config.max_num_tokens}, {config.top_k}] int32",
+             at["dispatch_offset"] - at["routing_offset"]),
+            (f"dispatch region {ep_size} x {config.max_num_tokens} x {config.dispatch_bytes_per_token} B",
+             at["combine_offset"] - at["dispatch_offset"]),
+            (f"combine region {ep_size} x {config.max_num_tokens} x {config.combine_bytes_per_token} B",
+             at["bytes_per_rank"] - at["combine_offset"]),
+        ]
+        lines = [f"{name}: {size / mib:.2f} MiB" for name, size in parts]
+        lines.append(f"total per rank: {at['bytes_per_rank'] / mib:.2f} MiB (mapped: "
+                     f"{self.allocation.bytes_per_rank / mib:.2f} MiB, allocation granularity)")
+        lines.append(f"mapped in this process: {ep_size * self.allocation.bytes_per_rank / mib:.2f} MiB "
+                     f"({ep_size} ranks)")
+        return "\n".join(lines)
+
+    def bind_stream(self, stream: Optional[torch.cuda.Stream]) -> None:
+        self.check_alive()
+        self.shared.stream.rebind(stream)
+
+    def destroy(self) -> None:
+        if self.shared is None:
+            return
+        shared, self.shared = self.shared, None
+        shared.eager_calls.pop(self.instance, None)
+        shared_workspace.release(shared)
+
+    def check_alive(self) -> None:
+        if self.allocation is None:
+            raise RuntimeError("this MoeAlltoAll was destroyed: build a new one (its workspace is freed)")
+
+    def _begin(self, call: str) -> shared_workspace.SharedWorkspace:
+        """Before a step launches: the instance lives, the steps come in order, its stream waits for the previous
+        step's. Returns the shared workspace."""
+        shared = self.shared
+        if shared is None or shared.allocation is None:
+            self.check_alive()  # raises, saying why
+        shared.order.check(call)
+        shared.stream.order()
+        return shared
+
+    def require_pending(self, what: str) -> tuple[int, int, torch.Tensor]:
+        """The received dispatch that a step named ``what`` works on (it needs what combine_input needs)."""
+        self.check_alive()
+        self.shared.order.check("combine_input", what)
+        return self.shared.pending
+
+    def _check_same_call(self, runtime_max: int) -> None:
+        """Debug mode: every rank makes the same call with the same runtime_max (a host round trip)."""
+        mine = f"{self.calls}:{runtime_max}".encode()
+        passed, reason = barrier_within(self.comm, self.timeout_s)  # FLASHINFER_A2A_TIMEOUT_S, not the group's
+        if not passed:
+            raise RuntimeError(f"debug check of dispatch call {self.calls}: rank {self.comm.rank} waited "
+                               f"{self.timeout_s:g} s for the other ranks ({reason}); a rank that did not arrive "
+                               "crashed, hung, or makes fewer dispatch calls")
+        seen = [s.decode() for s in self.comm.allgather(mine)]
+        if len(set(seen)) != 1:
+            detail = ", ".join(f"rank {r}: call {s.split(':')[0]} runtime_max {s.split(':')[1]}"
+                               for r, s in enumerate(seen))
+            raise RuntimeError(f"ranks disagree on the dispatch call sequence ({detail}); every rank must call "
+                               "dispatch/combine the same number of times with the same runtime_max_tokens_per_rank")
