@@ -185,27 +185,12 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   const bool quantize = quant.format != QuantFormat::kNone;
   const RecvRegions regions = PlanRecvRegions(config, layout, runtime_max_tokens_per_rank, rows, quant);
   const int max_blocks = DispatchMaxBlocks(quant.format, SmBudget(num_sms, workspace.device().device_id));
-  const bool group_small = DispatchChunk(static_cast<int>(num_tokens), max_blocks) >= kSmallGroupMinTokens;
   for (int p = 0; p < params.num_payloads; ++p) {
     params.payload[p] = static_cast<const uint8_t*>(BytePtr(TensorView(payloads[p])));
     params.row_bytes[p] = rows[p];
     params.recv_offset[p] = regions.offsets[quantize && p > 0 ? p + 1 : p];  // values and scales come first
-    params.vec_bytes[p] =
-        CopyVecBytes(VecBytesFor(rows[p], reinterpret_cast<uintptr_t>(params.payload[p]), kAlignBytes));
-    const bool small = group_small && !(quantize && p == 0) && rows[p] > 0 && rows[p] < 32 * params.vec_bytes[p];
-    if (small) {  // a group of rows per warp: a row is under one warp store (32 vectors)
-      const int64_t row_vectors = rows[p] / params.vec_bytes[p];
-      params.small_payload[params.num_small] = p;
-      params.small_group[params.num_small++] =
-          static_cast<int32_t>(std::min<int64_t>(32, kSmallGroupVectors / row_vectors));
-      continue;
-    }
-    const int64_t piece_bytes = 32 * kDispatchPieceVectors * params.vec_bytes[p];
-    const int64_t pieces = quantize && p == 0 ? (quant.hidden + kQuantPieceElems - 1) / kQuantPieceElems
-                                              : (rows[p] + piece_bytes - 1) / piece_bytes;
-    params.pieces[p] = static_cast<int32_t>(pieces);
-    params.pieces_per_token += params.pieces[p];
   }
+  PlanDispatchCopies(params, static_cast<int>(num_tokens), max_blocks, quantize ? quant.hidden : 0);
   if (quantize) params.quant = MakeDispatchQuant(quant, regions, payloads[0], runtime_max_tokens_per_rank);
   if (global_scale.has_value()) {
     const tvm::ffi::Tensor gs = global_scale.value();

@@ -421,8 +421,9 @@ class NcclTransport:
             return given
         return self._buffer("combine input", shape, dtype)
 
-    def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype,
-                timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> torch.Tensor:
+    def combine(self, partials: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+                hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None, timeout_s: Optional[float] = None,
+                quant_format: Optional[str] = None) -> torch.Tensor:
         """``out[t]`` = the partials of the ranks token t went to, summed in increasing rank order in fp32, cast
         to the partials' dtype. ``quant_format="fp8_block"``: partials for other ranks cross as FP8 with an fp32
         scale per 128 (a rank's own stay exact), as :func:`flashinfer_a2a.reference.quant.reference_combine_fp8`."""
@@ -430,6 +431,8 @@ class NcclTransport:
         pending = self._require_pending("combine")
         ep_size, rm, n = self.ep_size, pending.runtime_max, pending.num_tokens
         if partials is None:
+            if hidden is None or dtype is None:
+                raise ValueError("combine: pass partials, or hidden and dtype of the combine input written")
             partials = self.combine_input(hidden, dtype)
         elif partials.dtype not in _COMBINE_DTYPES or tuple(partials.shape[:2]) != (ep_size, rm) \
                 or partials.dim() != 3:

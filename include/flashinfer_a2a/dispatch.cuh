@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "protocol.cuh"
@@ -434,6 +435,30 @@ struct DispatchKernelOf {
 template <bool kGroupSmall>
 auto DispatchKernelFor(bool ids_int64, QuantFormat f) {
   return ids_int64 ? DispatchKernelOf<int64_t, kGroupSmall>::Get(f) : DispatchKernelOf<int32_t, kGroupSmall>::Get(f);
+}
+
+// The launch plan of each payload's copy, made on the host before LaunchDispatch from `p.payload`, `p.row_bytes`
+// and `p.num_payloads`: its vector width (the widest its row bytes and address allow), then either a group of rows
+// per warp (a row under one warp store, 32 vectors, when a block has at least kSmallGroupMinTokens tokens to group)
+// or pieces of 32 * kDispatchPieceVectors vectors per row. A quantized first payload (`quant_hidden` > 0 elements)
+// is cut in pieces of kQuantPieceElems elements.
+inline void PlanDispatchCopies(DispatchParams& p, int num_tokens, int max_blocks, int64_t quant_hidden) {
+  const bool group_small = DispatchChunk(num_tokens, max_blocks) >= kSmallGroupMinTokens;
+  for (int i = 0; i < p.num_payloads; ++i) {
+    const int64_t row = p.row_bytes[i];
+    const bool quantized = quant_hidden > 0 && i == 0;
+    p.vec_bytes[i] = CopyVecBytes(VecBytesFor(row, reinterpret_cast<uintptr_t>(p.payload[i]), kAlignBytes));
+    if (group_small && !quantized && row > 0 && row < 32 * p.vec_bytes[i]) {
+      p.small_payload[p.num_small] = i;
+      p.small_group[p.num_small++] =
+          static_cast<int32_t>(std::min<int64_t>(32, kSmallGroupVectors / (row / p.vec_bytes[i])));
+      continue;
+    }
+    const int64_t piece_bytes = 32 * kDispatchPieceVectors * p.vec_bytes[i];
+    p.pieces[i] = static_cast<int32_t>(quantized ? (quant_hidden + kQuantPieceElems - 1) / kQuantPieceElems
+                                                 : (row + piece_bytes - 1) / piece_bytes);
+    p.pieces_per_token += p.pieces[i];
+  }
 }
 
 inline cudaError_t LaunchDispatch(const DispatchParams& p, bool ids_int64, int max_blocks, cudaStream_t stream) {
