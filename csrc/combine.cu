@@ -141,8 +141,8 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
                                stream));
 }
 
-// The eager fast path (flashinfer_a2a/transports/nvlink_eager.py): Combine with the arguments fixed for one MoeAlltoAll bound
-// once, as BindDispatch does for Dispatch.
+// The eager fast path (flashinfer_a2a/transports/nvlink_eager.py): Combine with the arguments fixed for one
+// MoeAlltoAll bound once, as BindDispatch does for Dispatch.
 tvm::ffi::Function BindCombine(tvm::ffi::Tensor workspace, tvm::ffi::Tensor recv_counts, int64_t ep_rank,
                                int64_t ep_size, int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
                                int64_t combine_bytes_per_token, bool one_gpu_per_rank, int64_t num_sms) {
@@ -170,16 +170,16 @@ void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t
 
   DeviceGuard guard(recv_topk_ids.device().device_id);
   cudaStream_t stream = CurrentStream(recv_topk_ids);
-  const int num_sms = NumSMs(recv_topk_ids.device().device_id);
+  const int grid_sms = NumSMs(recv_topk_ids.device().device_id);
   const auto runtime_max = static_cast<int32_t>(recv_topk_ids.size(1));
   const auto top_k = static_cast<int32_t>(recv_topk_ids.size(2));
   const auto* counts = static_cast<const int32_t*>(BytePtr(recv_counts));
   if (is_int64) {
     A2A_CUDA_CHECK(LaunchSanitize(static_cast<int64_t*>(BytePtr(recv_topk_ids)), counts, static_cast<int32_t>(ep_size),
-                                  runtime_max, top_k, invalid_id, num_sms, stream));
+                                  runtime_max, top_k, invalid_id, grid_sms, stream));
   } else {
     A2A_CUDA_CHECK(LaunchSanitize(static_cast<int32_t*>(BytePtr(recv_topk_ids)), counts, static_cast<int32_t>(ep_size),
-                                  runtime_max, top_k, static_cast<int32_t>(invalid_id), num_sms, stream));
+                                  runtime_max, top_k, static_cast<int32_t>(invalid_id), grid_sms, stream));
   }
 }
 

@@ -239,9 +239,9 @@ void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank,
   A2A_CUDA_CHECK(LaunchDispatch(params, false, 1, stream));
 }
 
-// The eager fast path (flashinfer_a2a/transports/nvlink_eager.py): the arguments that stay fixed for one MoeAlltoAll bound once,
-// so that each call converts only what changes. Each call runs Dispatch, checks included, and returns the id of its
-// payloads' row shapes (RowShapes).
+// The eager fast path (flashinfer_a2a/transports/nvlink_eager.py): the arguments that stay fixed for one MoeAlltoAll
+// bound once, so that each call converts only what changes. Each call runs Dispatch, checks included, and returns
+// the id of its payloads' row shapes (RowShapes).
 tvm::ffi::Function BindDispatch(tvm::ffi::Tensor workspace, tvm::ffi::Tensor recv_counts, int64_t ep_rank,
                                 int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
                                 int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t num_experts,

@@ -8,6 +8,7 @@ runs on the current CUDA stream; all ranks must make the same calls in the same 
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Sequence
 
 import torch
@@ -31,22 +32,11 @@ from .library.layout import (  # noqa: F401 - public re-exports
 from .library.wire_formats import check_combine_format
 
 
-def dispatch(
-    workspace: torch.Tensor,
-    ep_rank: int,
-    config: WorkspaceConfig,
-    topk_ids: torch.Tensor,
-    payloads: Sequence[torch.Tensor],
-    runtime_max_tokens_per_rank: int,
-    num_experts: int,
-    *,
-    timeout_s: Optional[float] = None,
-    quant_format: Optional[str] = None,
-    global_scale: Optional[torch.Tensor | float] = None,
-    swizzled_scales: bool = False,
-    debug: Optional[bool] = None,
-    num_sms: int = 0,
-) -> tuple[list[torch.Tensor], torch.Tensor]:
+def dispatch(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, topk_ids: torch.Tensor,
+             payloads: Sequence[torch.Tensor], runtime_max_tokens_per_rank: int, num_experts: int, *,
+             timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
+             global_scale: Optional[torch.Tensor | float] = None, swizzled_scales: bool = False,
+             debug: Optional[bool] = None, num_sms: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sends each local token to every distinct rank that owns one of its top-k experts.
 
     Args:
@@ -77,7 +67,7 @@ def dispatch(
         workspace (source rank major; rows ``0..recv_counts[src]-1`` valid; valid until the next dispatch), and
         ``recv_counts`` ``[ep_size] int32`` on the device.
     """
-    recv_counts = launch_dispatch(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
+    recv_counts = dispatch_counts(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
                                   num_experts, timeout_s=timeout_s, quant_format=quant_format,
                                   global_scale=global_scale, swizzled_scales=swizzled_scales, debug=debug,
                                   num_sms=num_sms)
@@ -86,24 +76,12 @@ def dispatch(
     return views, recv_counts
 
 
-def launch_dispatch(
-    workspace: torch.Tensor,
-    ep_rank: int,
-    config: WorkspaceConfig,
-    topk_ids: torch.Tensor,
-    payloads: Sequence[torch.Tensor],
-    runtime_max_tokens_per_rank: int,
-    num_experts: int,
-    *,
-    timeout_s: Optional[float] = None,
-    recv_counts: Optional[torch.Tensor] = None,
-    quant_format: Optional[str] = None,
-    global_scale: Optional[torch.Tensor | float] = None,
-    swizzled_scales: bool = False,
-    debug: Optional[bool] = None,
-    num_sms: int = 0,
-    phase: int = 0,
-) -> torch.Tensor:
+def dispatch_counts(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, topk_ids: torch.Tensor,
+                    payloads: Sequence[torch.Tensor], runtime_max_tokens_per_rank: int, num_experts: int, *,
+                    timeout_s: Optional[float] = None, recv_counts: Optional[torch.Tensor] = None,
+                    quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
+                    swizzled_scales: bool = False, debug: Optional[bool] = None, num_sms: int = 0,
+                    phase: int = 0) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any. ``num_sms``: size the grid for at most this many
     multiprocessors (0: all). ``phase=1`` sends only (see :mod:`flashinfer_a2a.split_phase`)."""
@@ -114,7 +92,8 @@ def launch_dispatch(
     if recv_counts is None:
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
     ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
-                 runtime_max_tokens_per_rank, num_experts, _config.timeout_or_default(timeout_s), 0 if fmt is None else fmt.code,
+                 runtime_max_tokens_per_rank, num_experts, _config.timeout_or_default(timeout_s),
+                 0 if fmt is None else fmt.code,
                  global_scale_tensor(global_scale, workspace), swizzled_scales, phase, num_sms)
     if debug:
         debug_check(workspace, ep_rank, True)
@@ -139,26 +118,11 @@ def combine_output(workspace: torch.Tensor, num_tokens: int, partials: Optional[
     return out
 
 
-def combine(
-    workspace: torch.Tensor,
-    ep_rank: int,
-    config: WorkspaceConfig,
-    recv_counts: torch.Tensor,
-    num_tokens: int,
-    runtime_max_tokens_per_rank: int,
-    partials: Optional[torch.Tensor] = None,
-    *,
-    out: Optional[torch.Tensor] = None,
-    hidden: Optional[int] = None,
-    dtype: Optional[torch.dtype] = None,
-    timeout_s: Optional[float] = None,
-    one_gpu_per_rank: bool = False,
-    quant_format: Optional[str] = None,
-    combine_mode: str = "pull",
-    debug: Optional[bool] = None,
-    num_sms: int = 0,
-    phase: int = 0,
-) -> torch.Tensor:
+def combine(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, recv_counts: torch.Tensor, num_tokens: int,
+            runtime_max_tokens_per_rank: int, partials: Optional[torch.Tensor] = None, *,
+            out: Optional[torch.Tensor] = None, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None,
+            timeout_s: Optional[float] = None, one_gpu_per_rank: bool = False, quant_format: Optional[str] = None,
+            combine_mode: str = "pull", debug: Optional[bool] = None, num_sms: int = 0, phase: int = 0) -> torch.Tensor:
     """Sums, for each local token, the partials of the distinct ranks it was sent to.
 
     ``out[t] = sum over ranks r (increasing) of partial(t, r)``, accumulated in fp32 and cast to the output dtype:
@@ -204,6 +168,14 @@ def combine(
                 combine_mode_code(combine_mode), phase, num_sms)
     debug_check(workspace, ep_rank, debug)
     return out
+
+
+def launch_dispatch(*args, **kwargs) -> torch.Tensor:
+    """The former name of :func:`dispatch_counts` (C++ has a ``LaunchDispatch`` of its own); it goes in the next
+    release."""
+    warnings.warn("flashinfer_a2a.functional.launch_dispatch is now dispatch_counts; the old name goes in the next "
+                  "release", DeprecationWarning, stacklevel=2)
+    return dispatch_counts(*args, **kwargs)
 
 
 def sanitize_expert_ids(recv_topk_ids: torch.Tensor, recv_counts: torch.Tensor, invalid_id: int = -1) -> None:

@@ -37,13 +37,13 @@ class MoeAlltoAll:
         extra_dispatch_bytes_per_token: room for further payloads (scales, ...). By default room for int64 top-k ids
             and fp32 top-k weights.
         dispatch_format: the hidden states travel quantized in this format (``"fp8_block"``, ``"mxfp8"`` or
-            ``"nvfp4"``, see :mod:`flashinfer_a2a.library.wire_formats`), pre-quantized (values and scales as two payloads)
-            or quantized by :meth:`dispatch` (``quant_format``): dispatch rows are sized for its values and scales
-            instead of ``dtype``; combine rows stay ``hidden_size`` x ``dtype``.
+            ``"nvfp4"``, see :mod:`flashinfer_a2a.library.wire_formats`), pre-quantized (values and scales as two
+            payloads) or quantized by :meth:`dispatch` (``quant_format``): dispatch rows are sized for its values and
+            scales instead of ``dtype``; combine rows stay ``hidden_size`` x ``dtype``.
         swizzled_scales: size for scales received in the 128x4-tile layout (its padding to 128 rows).
         combine_format: ``"fp8_block"`` sizes the combine region for the pushed FP8-wire combine (see
-            :func:`flashinfer_a2a.library.wire_formats.push_combine_bytes_per_token`): with every rank on a GPU of its own,
-            ``combine(quant_format="fp8_block")`` then lands the FP8 rows in their owners' workspaces while the
+            :func:`flashinfer_a2a.library.wire_formats.push_combine_bytes_per_token`): with every rank on a GPU of its
+            own, ``combine(quant_format="fp8_block")`` then lands the FP8 rows in their owners' workspaces while the
             owners sum the rows already there, instead of quantizing first and pulling after.
         push_combine: size the combine region for the pushed combine of plain ``dtype`` partials too (twice the
             combine bytes per token): with every rank on a GPU of its own, :meth:`combine` then stores each partial

@@ -31,30 +31,19 @@ from .library.errors import debug_check
 
 
 
-def dispatch_send(
-    workspace: torch.Tensor,
-    ep_rank: int,
-    config: F.WorkspaceConfig,
-    topk_ids: torch.Tensor,
-    payloads: Sequence[torch.Tensor],
-    runtime_max_tokens_per_rank: int,
-    num_experts: int,
-    *,
-    recv_counts: Optional[torch.Tensor] = None,
-    timeout_s: Optional[float] = None,
-    quant_format: Optional[str] = None,
-    global_scale: Optional[torch.Tensor | float] = None,
-    swizzled_scales: bool = False,
-    debug: Optional[bool] = None,
-    num_sms: int = 0,
-) -> tuple[list[torch.Tensor], torch.Tensor]:
+def dispatch_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, topk_ids: torch.Tensor,
+                  payloads: Sequence[torch.Tensor], runtime_max_tokens_per_rank: int, num_experts: int, *,
+                  recv_counts: Optional[torch.Tensor] = None, timeout_s: Optional[float] = None,
+                  quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
+                  swizzled_scales: bool = False, debug: Optional[bool] = None,
+                  num_sms: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The send half of :func:`flashinfer_a2a.functional.dispatch` (same arguments): routes and stores this rank's
     rows into the peers' workspaces and signals them, without waiting for theirs.
 
     Returns ``(recv_payloads, recv_counts)`` like dispatch, but neither holds this call's data until
     :func:`dispatch_recv` with the same ``recv_counts`` has run on the stream.
     """
-    counts = F.launch_dispatch(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
+    counts = F.dispatch_counts(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
                                num_experts, timeout_s=timeout_s, recv_counts=recv_counts, quant_format=quant_format,
                                global_scale=global_scale, swizzled_scales=swizzled_scales, debug=debug,
                                num_sms=num_sms, phase=SPLIT_SEND)
@@ -74,21 +63,10 @@ def dispatch_recv(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConf
     return recv_counts
 
 
-def combine_send(
-    workspace: torch.Tensor,
-    ep_rank: int,
-    config: F.WorkspaceConfig,
-    recv_counts: torch.Tensor,
-    runtime_max_tokens_per_rank: int,
-    partials: Optional[torch.Tensor] = None,
-    *,
-    hidden: Optional[int] = None,
-    dtype: Optional[torch.dtype] = None,
-    timeout_s: Optional[float] = None,
-    quant_format: Optional[str] = None,
-    debug: Optional[bool] = None,
-    num_sms: int = 0,
-) -> None:
+def combine_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, recv_counts: torch.Tensor,
+                 runtime_max_tokens_per_rank: int, partials: Optional[torch.Tensor] = None, *,
+                 hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None, timeout_s: Optional[float] = None,
+                 quant_format: Optional[str] = None, debug: Optional[bool] = None, num_sms: int = 0) -> None:
     """The send half of :func:`flashinfer_a2a.functional.combine`: copies ``partials`` ``[ep_size, runtime_max,
     hidden]`` into this rank's combine region (nothing to copy when None: the expert side wrote
     :func:`~flashinfer_a2a.functional.combine_input`, whose row shape ``hidden`` / ``dtype`` give), quantizes them
@@ -104,23 +82,11 @@ def combine_send(
               timeout_s=timeout_s, quant_format=quant_format, debug=debug, num_sms=num_sms, phase=SPLIT_SEND)
 
 
-def combine_recv(
-    workspace: torch.Tensor,
-    ep_rank: int,
-    config: F.WorkspaceConfig,
-    recv_counts: torch.Tensor,
-    num_tokens: int,
-    runtime_max_tokens_per_rank: int,
-    partials: Optional[torch.Tensor] = None,
-    *,
-    out: Optional[torch.Tensor] = None,
-    hidden: Optional[int] = None,
-    dtype: Optional[torch.dtype] = None,
-    timeout_s: Optional[float] = None,
-    quant_format: Optional[str] = None,
-    debug: Optional[bool] = None,
-    num_sms: int = 0,
-) -> torch.Tensor:
+def combine_recv(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, recv_counts: torch.Tensor,
+                 num_tokens: int, runtime_max_tokens_per_rank: int, partials: Optional[torch.Tensor] = None, *,
+                 out: Optional[torch.Tensor] = None, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None,
+                 timeout_s: Optional[float] = None, quant_format: Optional[str] = None, debug: Optional[bool] = None,
+                 num_sms: int = 0) -> torch.Tensor:
     """The receive half: waits for every peer's :func:`combine_send`, then writes and returns ``out``
     ``[num_tokens, hidden]``, ``out[t]`` the sum over the ranks token t went to (as
     :func:`flashinfer_a2a.functional.combine`). ``partials`` and ``quant_format`` must be those of the send."""

@@ -30,7 +30,8 @@ def test_traced_layout_equals_the_cpp_layout():
         config = fa.WorkspaceConfig(ep_size=ep, max_num_tokens=max_tokens, dispatch_bytes_per_token=need + sum(rows[1:]),
                                     combine_bytes_per_token=gen.randint(1, 9000), top_k=top_k)
         want = layout.layout_offsets(config.sizes(), runtime_max, tuple(rows), *quant)
-        assert layout.traced_layout_offsets(config.sizes(), runtime_max, tuple(rows), *quant) == want, (config, rows, quant)
+        traced = layout.traced_layout_offsets(config.sizes(), runtime_max, tuple(rows), *quant)
+        assert traced == want, (config, rows, quant)
 
 
 def _capturing(graphs):

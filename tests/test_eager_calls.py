@@ -1,6 +1,6 @@
-"""MoeAlltoAll's eager path on CPU (flashinfer_a2a.transports.nvlink_eager): its calls reach the bound C++ entry points, skip
-the ops and the functional layer, are refused before any launch with errors in the caller's terms, and leave the call
-order where it was when refused. (tests/gpu/test_moe_alltoall_one_rank.py runs the path on a GPU.)"""
+"""MoeAlltoAll's eager path on CPU (flashinfer_a2a.transports.nvlink_eager): its calls reach the bound C++ entry
+points, skip the ops and the functional layer, are refused before any launch with errors in the caller's terms, and
+leave the call order where it was when refused. (tests/gpu/test_moe_alltoall_one_rank.py runs the path on a GPU.)"""
 
 import pytest
 import torch
@@ -76,7 +76,8 @@ def test_refused_calls_name_the_argument_and_change_nothing(moe, bad, message):
         with pytest.raises((TypeError, ValueError), match=message) as info:
             call(*args)
         assert "Check failed" not in str(info.value)
-        assert moe._transport.shared.order.state == "idle"  # refused before the call was recorded: a dispatch may follow
+        # refused before the call was recorded: a dispatch may follow
+        assert moe._transport.shared.order.state == "idle"
     with pytest.raises(ValueError, match="exceeds max_num_tokens=16"):
         moe.dispatch(ids, [x], 17)
 

@@ -63,3 +63,13 @@ def test_the_imports_have_no_circle():
         if module not in state:
             visit(module)
     assert sum(len(t) for t in edges.values()) > 50  # the graph was read
+
+
+def test_launch_dispatch_is_a_deprecated_alias(monkeypatch):
+    import pytest
+
+    from flashinfer_a2a import functional as F
+
+    monkeypatch.setattr(F, "dispatch_counts", lambda *args, **kwargs: (args, kwargs))
+    with pytest.warns(DeprecationWarning, match="launch_dispatch is now dispatch_counts"):
+        assert F.launch_dispatch(1, 2, num_sms=3) == ((1, 2), {"num_sms": 3})

@@ -97,7 +97,7 @@ def main() -> None:
         layers = {
             "EagerCalls.dispatch": lambda: calls.dispatch(ids, payloads, MAX_TOKENS, 10.0),
             "bound tvm-ffi dispatch": lambda: calls._dispatch(*bound),
-            "functional.launch_dispatch": lambda: F.launch_dispatch(workspace, 0, config, ids, payloads, MAX_TOKENS,
+            "functional.dispatch_counts": lambda: F.dispatch_counts(workspace, 0, config, ids, payloads, MAX_TOKENS,
                                                                     EXPERTS, recv_counts=counts, timeout_s=10.0,
                                                                     debug=False),
             "tvm-ffi dispatch, every argument": lambda: module.dispatch(*args),

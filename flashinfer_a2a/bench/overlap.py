@@ -27,6 +27,7 @@ from ..moe_alltoall import MoeAlltoAll
 from ..testing.simulate import SimulatedRanks
 from ..library.constants import SPLIT_RECV, SPLIT_SEND
 from .args import DTYPES, BenchArgs
+from .report import describe_run
 from .impls import dispatch_row_bytes, make_case, routing_payload_bytes
 from .session import Session
 from .timing import RankSteps, time_loop
@@ -80,7 +81,7 @@ class _MicroBatch:
         no_rows = torch.empty(0, self.hidden, dtype=self.dtype, device=self.session.device)
 
         def dispatch(phase=0):
-            F.launch_dispatch(sim.workspace, rank, sim.config, ids, payloads, tokens, self.num_experts,
+            F.dispatch_counts(sim.workspace, rank, sim.config, ids, payloads, tokens, self.num_experts,
                               recv_counts=counts, timeout_s=timeout, num_sms=num_sms or sim.dispatch_sms,
                               phase=phase)
 
@@ -197,11 +198,9 @@ def _time_case(args: BenchArgs, session: Session, batches: Sequence[_MicroBatch]
 
 
 def format_overlap_table(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
-    shape = meta["shape"]
     lines = [
-        f"dual-batch overlap, {meta['model']}: hidden {shape['hidden']}, {shape['num_experts']} experts, "
-        f"top-{shape['top_k']}; {meta['ep_size']} ranks ({meta['launcher']}) on {meta['gpu']}; GEMM [tokens, hidden] "
-        f"x [hidden, {GEMM_N}] bf16 per micro-batch; two micro-batches of `tokens` per rank",
+        f"dual-batch overlap, {describe_run(meta)}; GEMM [tokens, hidden] x [hidden, {GEMM_N}] bf16 per micro-batch; "
+        "two micro-batches of `tokens` per rank",
         "us per step, slowest rank, median over iterations; overlap/sum: 1.0 = nothing hidden; overlap/max: 1.0 = "
         "the shorter part hidden entirely",
         "",

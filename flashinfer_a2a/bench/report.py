@@ -56,12 +56,16 @@ def _pair_samples(meta: dict[str, Any]) -> str:
     return f"; a graph pair sample is the mean of {group} iterations" if group > 1 else ""
 
 
-def format_table(meta: dict[str, Any], cases: list[dict[str, Any]]) -> str:
+def describe_run(meta: dict[str, Any]) -> str:
+    """The model shape, the ranks, the launcher and the GPU of a run, as the tables' first line names them."""
     shape = meta["shape"]
+    return (f"{meta['model']}: hidden {shape['hidden']}, {shape['num_experts']} experts, top-{shape['top_k']}; "
+            f"{meta['ep_size']} ranks ({meta['launcher']}) on {meta['gpu']}")
+
+
+def format_table(meta: dict[str, Any], cases: list[dict[str, Any]]) -> str:
     lines = [
-        f"{meta['model']}: hidden {shape['hidden']}, {shape['num_experts']} experts, top-{shape['top_k']}; "
-        f"{meta['ep_size']} ranks ({meta['launcher']}) on {meta['gpu']}; {meta['iters']} iterations after "
-        f"{meta['warmup']} warm-up",
+        f"{describe_run(meta)}; {meta['iters']} iterations after {meta['warmup']} warm-up",
         "times in us: median over ranks and iterations, then the slowest rank's (median over iterations); "
         "p99 and >2x of the slowest rank's pair" + _pair_samples(meta),
         "GB/s of the slowest rank's median time: rem = remote bytes per rank (over NVLink), log = logical bytes "

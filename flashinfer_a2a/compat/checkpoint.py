@@ -168,18 +168,7 @@ def _remap(shared: SharedWorkspace, comm: Communicator) -> None:
 def _unmap(workspace: SymmetricWorkspace) -> None:
     """Unmaps every rank's range of ``workspace`` and releases the handles; the address range stays reserved (its
     teardown frees it as usual, mapped or not)."""
-    m = workspace._mapping
-    size = workspace.bytes_per_rank
-    for r in m.mapped:
-        drv.unmap(m.base + r * size, size)
-    m.mapped = []
-    for handle in m.handles:
-        if handle != m.own:
-            drv.release(handle)
-    m.handles = []
-    if m.own:
-        drv.release(m.own)
-        m.own = 0
+    workspace._mapping.release_memory()
 
 
 def _map(workspace: SymmetricWorkspace, comm: Communicator) -> None:

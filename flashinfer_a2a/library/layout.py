@@ -194,7 +194,8 @@ def combine_input(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig
         combine_offset = traced_layout_offsets(config.sizes(), 0, ())[0]
     else:
         combine_offset = layout_offsets(config.sizes(), runtime_max_tokens_per_rank, ())[0]
-    return workspace_view(workspace, ep_rank, combine_offset, (config.ep_size, runtime_max_tokens_per_rank, hidden), dtype)
+    shape = (config.ep_size, runtime_max_tokens_per_rank, hidden)
+    return workspace_view(workspace, ep_rank, combine_offset, shape, dtype)
 
 
 def get_metainfo_index_pairs() -> dict[str, int]:

@@ -12,9 +12,9 @@ own. One dispatch may be pending per shared workspace: a second dispatch before 
 
 A communicator may provide ``allocate_workspace(bytes_per_rank, device)`` returning an object with ``tensor``
 (``[ep_size, bytes] uint8``), ``bytes_per_rank``, ``one_gpu_per_rank`` and ``destroy()``; otherwise the workspace is
-:class:`flashinfer_a2a.memory.symm_mem.SymmetricWorkspace`. Simulated ranks (:mod:`flashinfer_a2a.testing.simulated_group`) use it
-to hand every rank one tensor on one device. It may also provide ``workspace_group_key``, a hashable naming its
-group (the FlashInfer compatibility layer builds one communicator per layer over the same group).
+:class:`flashinfer_a2a.memory.symm_mem.SymmetricWorkspace`. Simulated ranks
+(:mod:`flashinfer_a2a.testing.simulated_group`) use it to hand every rank one tensor on one device. It may also
+provide ``workspace_group_key``, a hashable naming its group (the FlashInfer compatibility layer builds one communicator per layer over the same group).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ class SharedWorkspace:
         #: half needs from its send.
         self.order = CallOrder()
         self.sent: Optional[tuple] = None
-        #: each user's eager calls (flashinfer_a2a.transports.nvlink_eager, with its receive views), by the user's instance
-        #: number; cleared when the workspace moves.
+        #: each user's eager calls (flashinfer_a2a.transports.nvlink_eager, with its receive views), by the user's
+        #: instance number; cleared when the workspace moves.
         self.eager_calls: dict[int, Any] = {}
         self.users = 0
         self.allocations = 0  # how many times memory was allocated (tests and logs)

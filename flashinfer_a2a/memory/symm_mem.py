@@ -120,15 +120,20 @@ class _Mapping:
         self.base = 0
 
     def release(self) -> None:
-        size = self.bytes_per_rank
         if self.mapped and not torch.cuda.is_current_stream_capturing():
             torch.cuda.synchronize(self.device)  # no kernel may still be using the range
+        self.release_memory()
+        if self.base:
+            drv.address_free(self.base, self.bytes_per_rank * self.ep_size)
+            self.base = 0
+
+    def release_memory(self) -> None:
+        """Unmaps every rank's range and releases the handles, this rank's allocation included; the reserved range
+        stays (a checkpoint maps new memory there, flashinfer_a2a.compat.checkpoint)."""
+        size = self.bytes_per_rank
         for r in self.mapped:
             drv.unmap(self.base + r * size, size)
         self.mapped = []
-        if self.base:
-            drv.address_free(self.base, size * self.ep_size)
-            self.base = 0
         for handle in self.handles:
             if handle != self.own:
                 drv.release(handle)

@@ -4,8 +4,8 @@ the collective construction, one workspace tensor on one device for all of them.
 :class:`flashinfer_a2a.testing.simulate.SimulatedRanks` drives the functional API; this drives the object API (and the
 FlashInfer compatibility layer on top of it) unchanged: each rank's communicator implements the bootstrap protocol
 between threads and hands every rank the same ``[ep_size, bytes_per_rank]`` tensor instead of symmetric memory
-(see :mod:`flashinfer_a2a.memory.shared_workspace`). After construction one thread may drive every rank's object, each on
-its own stream, as :meth:`SimulatedRanks.run` does: the kernels meet only through the workspace.
+(see :mod:`flashinfer_a2a.memory.shared_workspace`). After construction one thread may drive every rank's object,
+each on its own stream, as :meth:`SimulatedRanks.run` does: the kernels meet only through the workspace.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ are those of the NVLink path, so a bf16 result equals it bit for bit.
 Two modes:
 
 - **padded** (default, no host synchronisation, CUDA-graph capturable, traceable by ``torch.compile``: while tracing
-  the collectives are the functional ones and every result a fresh tensor, :mod:`flashinfer_a2a.transports.nccl_traced`). Dispatch: quantize ``payloads[0]`` if asked,
+  the collectives are the functional ones and every result a fresh tensor,
+  :mod:`flashinfer_a2a.transports.nccl_traced`). Dispatch: quantize ``payloads[0]`` if asked,
   pack each token's destination bitmask and payload bytes into a ``[runtime_max, row_bytes]`` send buffer, one
   ``all_gather_into_tensor`` (``all_gather_single`` in torch 2.13), then keep, per source block, the rows whose
   bitmask names this rank, in increasing token order (a stable argsort of the mask and a gather). Combine: one

@@ -75,7 +75,7 @@ class NvlinkTransport:
                   swizzled_scales) -> tuple[list[torch.Tensor], torch.Tensor]:
         """A whole dispatch (``call`` "dispatch") or its send half ("dispatch_send")."""
         shared = self._begin(call)
-        # Shapes of topk_ids and payloads: checked by F.launch_dispatch (and the C++ entry) before any launch.
+        # Shapes of topk_ids and payloads: checked by F.dispatch_counts (and the C++ entry) before any launch.
         if self.debug and debug_checks_due(True):
             self._check_same_call(runtime_max)
         phase = SPLIT_SEND if call == "dispatch_send" else 0

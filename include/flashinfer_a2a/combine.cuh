@@ -151,22 +151,22 @@ inline cudaError_t DispatchPullKernel(FloatType type, int vec_bytes, Fn&& fn) {
 // The pushed combine with a block per work item at most: one per Wire::kPushWarps peer rows, one per reducers' share
 // of the token chunks.
 template <typename Wire>
-cudaError_t LaunchPush(const CombineParams& p, int num_sms, cudaStream_t stream) {
+cudaError_t LaunchPush(const CombineParams& p, int grid_sms, cudaStream_t stream) {
   constexpr int kPushWarps = Wire::kPushWarps, kReduceWarps = kCombineWarps - kPushWarps;
   const int64_t rows = static_cast<int64_t>(p.ranks.ep_size - 1) * p.runtime_max;
   const int64_t reduces = static_cast<int64_t>(p.num_tokens) * Wire::Chunks(p);
   const int64_t blocks = std::max((rows + kPushWarps - 1) / kPushWarps, (reduces + kReduceWarps - 1) / kReduceWarps);
-  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_sms * 2, blocks)));
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(grid_sms * 2, blocks)));
   return LaunchAfterPrior(CombinePushKernel<Wire>, grid, kCombineThreads, stream, p);
 }
 
 struct PushLauncher {
   const CombineParams& p;
-  int num_sms;
+  int grid_sms;
   cudaStream_t stream;
   template <typename T, int kVec>
   cudaError_t operator()() const {
-    return LaunchPush<PlainWire<T, kVec>>(p, num_sms, stream);
+    return LaunchPush<PlainWire<T, kVec>>(p, grid_sms, stream);
   }
 };
 
@@ -226,10 +226,10 @@ constexpr int kSharedGpuFusedItems = 4;
 struct FusedCombineShape {
   int blocks = 0, threads = 0;  // blocks == 0: the combine does not fit one kernel
 };
-inline FusedCombineShape FusedCombineFor(int64_t warps, int num_sms, int device_sms, int ep_size,
+inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device_sms, int ep_size,
                                          bool one_gpu_per_rank) {
   constexpr int kMaxWarps = kFusedCombineMaxThreads / 32;
-  const int64_t cap = one_gpu_per_rank ? num_sms : std::min<int64_t>(num_sms, (device_sms - 1) / ep_size);
+  const int64_t cap = one_gpu_per_rank ? grid_sms : std::min<int64_t>(grid_sms, (device_sms - 1) / ep_size);
   const int64_t items_per_warp = one_gpu_per_rank ? 1 : kSharedGpuFusedItems;
   if (cap < 1 || warps > cap * kMaxWarps * items_per_warp) return {};
   const int64_t per_block = std::clamp<int64_t>((warps + cap - 1) / cap, kCombineWarps, kMaxWarps);
@@ -237,18 +237,19 @@ inline FusedCombineShape FusedCombineFor(int64_t warps, int num_sms, int device_
   return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
 }
 
-// pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. num_sms: the SM budget;
-// device_sms: the GPU's multiprocessors. one_gpu_per_rank: no two ranks share a GPU.
+// pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. grid_sms: the
+// multiprocessors the grids are sized for (the SM budget applied); device_sms: the GPU's multiprocessors.
+// one_gpu_per_rank: no two ranks share a GPU.
 // A split combine (phase kSend or kRecv) is the pulled two-kernel combine cut after the publish: the caller never
 // sets push for it, and the one-kernel combine is not used.
-inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int num_sms,
+inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pull_vec_bytes, int grid_sms,
                                  int device_sms, bool one_gpu_per_rank, cudaStream_t stream) {
   const bool split = p.phase != CombinePhase::kBoth;
   if (p.push && p.fp8_wire) {
-    return p.fp16 ? LaunchPush<Fp8Wire<__half>>(p, num_sms, stream)
-                  : LaunchPush<Fp8Wire<__nv_bfloat16>>(p, num_sms, stream);
+    return p.fp16 ? LaunchPush<Fp8Wire<__half>>(p, grid_sms, stream)
+                  : LaunchPush<Fp8Wire<__nv_bfloat16>>(p, grid_sms, stream);
   }
-  if (p.push) return DispatchPullKernel(type, pull_vec_bytes, PushLauncher{p, num_sms, stream});
+  if (p.push) return DispatchPullKernel(type, pull_vec_bytes, PushLauncher{p, grid_sms, stream});
   if (p.fp8_wire) pull_vec_bytes = kFp8PullElems * 2;  // bf16|fp16, 16 elements a lane
   // Items of 512 bytes where the vectors are 16 (narrow), and of 1 KiB (wide) where that spares warps a second item.
   auto items_of = [&](int64_t item_bytes) {
@@ -257,16 +258,16 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
   const int64_t narrow_items = items_of(32 * pull_vec_bytes), wide_items = items_of(64 * pull_vec_bytes);
   auto blocks_for = [&](int64_t items) {
     return static_cast<int>(
-        std::max<int64_t>(1, std::min<int64_t>(num_sms * 8, (items + kCombineWarps - 1) / kCombineWarps)));
+        std::max<int64_t>(1, std::min<int64_t>(grid_sms * 8, (items + kCombineWarps - 1) / kCombineWarps)));
   };
   // One kernel where the pull fits one wave (FusedCombineFor).
   if (!split && p.input == nullptr && !p.fp8_wire) {
     FusedCombineShape fused =
-        FusedCombineFor(narrow_items, num_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
+        FusedCombineFor(narrow_items, grid_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
     if (fused.blocks > 0) {
       const int vecs =
           PullVecsFor(narrow_items, static_cast<int64_t>(fused.blocks) * (fused.threads / 32), pull_vec_bytes);
-      if (vecs == 2) fused = FusedCombineFor(wide_items, num_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
+      if (vecs == 2) fused = FusedCombineFor(wide_items, grid_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
       return DispatchPullKernel(type, pull_vec_bytes,
                                 PullLauncher{p, fused.blocks, fused.threads, true, vecs, stream});
     }
@@ -275,7 +276,7 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
   // partials tensor), up to two blocks per multiprocessor.
   const int64_t items = static_cast<int64_t>(p.ranks.ep_size) * p.runtime_max *
                         (p.fp8_wire && p.input != nullptr ? (p.hidden + kQuantPieceElems - 1) / kQuantPieceElems : 1);
-  const int64_t copy_blocks = std::min<int64_t>(num_sms * 2, (items + kCombineWarps - 1) / kCombineWarps);
+  const int64_t copy_blocks = std::min<int64_t>(grid_sms * 2, (items + kCombineWarps - 1) / kCombineWarps);
   const bool copies = p.input != nullptr || p.fp8_wire;
   const int publish_blocks =
       copies && p.phase != CombinePhase::kRecv ? static_cast<int>(std::max<int64_t>(copy_blocks, 1)) : 1;

@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(kDispatchThreads) DispatchRecvKernel(const __g
 }
 
 // The most blocks a dispatch into format f runs: DispatchBlocksPerSm(f) per multiprocessor.
-inline int DispatchMaxBlocks(QuantFormat f, int num_sms) { return num_sms * DispatchBlocksPerSm(f); }
+inline int DispatchMaxBlocks(QuantFormat f, int grid_sms) { return grid_sms * DispatchBlocksPerSm(f); }
 // Tokens per block of a dispatch of num_tokens (the last block may own fewer).
 inline int DispatchChunk(int num_tokens, int max_blocks) {
   return num_tokens > max_blocks ? (num_tokens + max_blocks - 1) / max_blocks : 1;

@@ -27,11 +27,11 @@ __global__ void __launch_bounds__(kSanitizeThreads)
 
 template <typename IdT>
 inline cudaError_t LaunchSanitize(IdT* recv_topk_ids, const int32_t* recv_counts, int32_t ep_size,
-                                  int32_t runtime_max, int32_t top_k, IdT invalid_id, int num_sms,
+                                  int32_t runtime_max, int32_t top_k, IdT invalid_id, int grid_sms,
                                   cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(ep_size) * runtime_max * top_k;
   const int64_t wanted = (total + kSanitizeThreads - 1) / kSanitizeThreads;
-  const int blocks = static_cast<int>(wanted < num_sms * 4 ? (wanted > 0 ? wanted : 1) : num_sms * 4);
+  const int blocks = static_cast<int>(wanted < grid_sms * 4 ? (wanted > 0 ? wanted : 1) : grid_sms * 4);
   return LaunchAfterPrior(SanitizeKernel<IdT>, blocks, kSanitizeThreads, stream, recv_topk_ids, recv_counts, ep_size,
                           runtime_max, top_k, invalid_id);
 }
