@@ -22,13 +22,12 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import config as _config
 from . import functional as F
 from .library import ops
 from .library.checks import check_optional_tensor
 from .library.constants import SPLIT_RECV, SPLIT_SEND
-from . import config as _config
 from .library.errors import debug_check
-
 
 
 def dispatch_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, topk_ids: torch.Tensor,

@@ -27,19 +27,19 @@ from typing import Optional, Sequence
 
 import torch
 
+from .. import config
 from .. import functional as F
 from ..library.constants import COMBINE_PULL
-from ..transports.nvlink_eager import EagerCalls
 from ..library.errors import check_error
+from ..library.wire_formats import wire_format
 from ..moe_alltoall import MoeAlltoAll
 from ..reference import quant, random_topk_ids, token_rank_mask
 from ..testing.simulate import SimulatedRanks
-from ..library.wire_formats import wire_format
+from ..transports.nvlink_eager import EagerCalls
 from .args import BenchArgs
 from .session import Session
 from .timing import RankSteps
 from .traffic import Traffic, count_rows
-from .. import config
 
 
 @dataclasses.dataclass

@@ -20,18 +20,18 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .. import config
 from .. import functional as F
 from ..library import ops
+from ..library.constants import SPLIT_RECV, SPLIT_SEND
 from ..library.errors import check_error
 from ..moe_alltoall import MoeAlltoAll
 from ..testing.simulate import SimulatedRanks
-from ..library.constants import SPLIT_RECV, SPLIT_SEND
 from .args import DTYPES, BenchArgs
-from .report import describe_run
 from .impls import dispatch_row_bytes, make_case, routing_payload_bytes
+from .report import describe_run
 from .session import Session
 from .timing import RankSteps, time_loop
-from .. import config
 
 GEMM_N = 2048
 LOOPS = ("a2a", "gemm", "serial", "overlap")

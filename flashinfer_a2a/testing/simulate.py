@@ -14,8 +14,7 @@ import torch
 
 from .. import functional as F
 from .. import split_phase
-from ..library.errors import check_error
-from ..library.errors import DEFER_DEBUG_CHECKS, debug_checks_due
+from ..library.errors import DEFER_DEBUG_CHECKS, check_error, debug_checks_due
 
 T = TypeVar("T")
 

@@ -45,11 +45,11 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from . import nccl_traced as traced
-from ..reference import quant
 from ..library.checks import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
-from ..library.wire_formats import WireFormat, check_combine_format, wire_format
 from ..library.errors import eager_call
+from ..library.wire_formats import WireFormat, check_combine_format, wire_format
+from ..reference import quant
+from . import nccl_traced as traced
 
 TRANSPORTS = ("auto", "nvlink", "nccl")
 MAX_TOP_K = 32

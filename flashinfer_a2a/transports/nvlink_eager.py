@@ -16,11 +16,11 @@ from typing import Optional, Sequence
 import torch
 
 from .. import functional as F
-from ..library.constants import COMBINE_PULL, SPLIT_SEND
 from ..library import ops
-from ..library.wire_formats import check_combine_format, wire_format
 from ..library.checks import check_dispatch_call, global_scale_tensor
+from ..library.constants import COMBINE_PULL, SPLIT_SEND
 from ..library.errors import debug_check, debug_check_ids
+from ..library.wire_formats import check_combine_format, wire_format
 
 _MAX_VIEW_SHAPES = 64  # distinct receive-view shapes kept (runtime_max may vary per step): past it, start over
 
