@@ -96,6 +96,7 @@ void Combine(TensorView workspace, tvm::ffi::Optional<tvm::ffi::Tensor> partials
   cudaStream_t stream = CurrentStream(workspace);
   CombineParams params{};
   params.ranks = Ranks{base, workspace.stride(0), static_cast<int32_t>(ep_rank), static_cast<int32_t>(ep_size)};
+  params.ranks.own_gpu = one_gpu_per_rank;
   params.num_tokens = static_cast<int32_t>(out.size(0));
   params.runtime_max = static_cast<int32_t>(runtime_max_tokens_per_rank);
   params.route_stride = static_cast<int32_t>(top_k);

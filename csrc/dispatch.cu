@@ -134,7 +134,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
               int64_t num_experts, double timeout_s, int64_t quant_format,
               tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales, int64_t phase,
-              int64_t num_sms) {
+              int64_t num_sms, bool one_gpu_per_rank) {
   // tvm-ffi passes a None entry of the list as an undefined tensor, which no TensorView may be made of.
   for (size_t p = 0; p < payloads.size(); ++p) {
     A2A_CHECK(payloads[p].defined(), TypeError) << "payloads[" << p << "] must be a tensor, got None";
@@ -201,6 +201,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   cudaStream_t stream = CurrentStream(workspace);
   params.ranks = Ranks{static_cast<uint8_t*>(BytePtr(workspace)), workspace.stride(0),
                        static_cast<int32_t>(ep_rank), static_cast<int32_t>(ep_size)};
+  params.ranks.own_gpu = one_gpu_per_rank;
   params.num_tokens = static_cast<int32_t>(num_tokens);
   params.runtime_max = static_cast<int32_t>(runtime_max_tokens_per_rank);
   params.top_k = static_cast<int32_t>(topk_ids.size(1));
@@ -245,7 +246,7 @@ void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank,
 tvm::ffi::Function BindDispatch(tvm::ffi::Tensor workspace, tvm::ffi::Tensor recv_counts, int64_t ep_rank,
                                 int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
                                 int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t num_experts,
-                                int64_t num_sms) {
+                                int64_t num_sms, bool one_gpu_per_rank) {
   auto shapes = std::make_shared<RowShapes>();
   return tvm::ffi::Function::FromTyped(
       [=](TensorView topk_ids, tvm::ffi::Array<tvm::ffi::Tensor> payloads, int64_t runtime_max_tokens_per_rank,
@@ -253,7 +254,7 @@ tvm::ffi::Function BindDispatch(tvm::ffi::Tensor workspace, tvm::ffi::Tensor rec
           bool swizzled_scales, int64_t phase) -> int64_t {
         Dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
                  dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts,
-                 timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms);
+                 timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms, one_gpu_per_rank);
         return shapes->IdOf(payloads);
       });
 }

@@ -156,7 +156,7 @@ def _dispatch_with_none() -> None:
 
 def _library_dispatch_with_none() -> None:
     get_a2a_module().dispatch(workspace(), ids(5, 4), [rows(5, 256), None], counts(), 0, *SIZES.values(), 16, 8,
-                              10.0, 0, None, False, 0, 0)
+                              10.0, 0, None, False, 0, 0, False)
 
 
 _MAKE_CONFIG = ("MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, "

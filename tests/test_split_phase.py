@@ -69,8 +69,8 @@ def test_phase_codes_and_schemas():
     dispatch = str(torch.ops.flashinfer_a2a.dispatch.default._schema)
     combine = str(torch.ops.flashinfer_a2a.combine.default._schema)
     recv = str(torch.ops.flashinfer_a2a.dispatch_recv.default._schema)
-    for schema in (dispatch, combine):
-        assert schema.endswith("int phase=0, int num_sms=0) -> ()")
+    assert dispatch.endswith("int phase=0, int num_sms=0, bool one_gpu_per_rank=False) -> ()")
+    assert combine.endswith("int phase=0, int num_sms=0) -> ()")
     # The receive half writes the counts and the workspace (its error record): both are declared mutated.
     assert "Tensor(a!) workspace, Tensor(b!) recv_counts" in recv
 

@@ -93,7 +93,8 @@ def main() -> None:
         # functional call and the tvm-ffi call with every argument, which an eager MoeAlltoAll no longer makes.
         calls = a2a._transport.eager()
         bound = (ids, payloads, MAX_TOKENS, 10.0, 0, None, False, 0)
-        args = (workspace, ids, payloads, counts, 0, *config.sizes(), MAX_TOKENS, EXPERTS, 10.0, 0, None, False, 0, 0)
+        args = (workspace, ids, payloads, counts, 0, *config.sizes(), MAX_TOKENS, EXPERTS, 10.0, 0, None, False, 0, 0,
+                False)
         layers = {
             "EagerCalls.dispatch": lambda: calls.dispatch(ids, payloads, MAX_TOKENS, 10.0),
             "bound tvm-ffi dispatch": lambda: calls._dispatch(*bound),

@@ -2,11 +2,12 @@
 
     python docs/measurements/stage_times.py      # one GPU; builds a stamped copy of the kernels (about a minute)
     python docs/measurements/stage_times.py --ranks 2 4 --tokens 1 64 128
+    torchrun --nproc-per-node 2 docs/measurements/stage_times.py --tokens 1 64 128   # a GPU per rank (NVLink)
 
 Copies the package into a temporary directory, inserts ``%globaltimer`` stamps (thread 0 of the dispatch block
 that publishes, and of the one-kernel combine's first block) at the stage boundaries, builds that copy in a cache
-of its own and runs ``--steps`` steps (30) of simulated ranks in one CUDA graph, replayed 20 times, with no event
-between steps. Prints per simulated-rank count and token count the step period (rank 0's dispatch start to the
+of its own and runs ``--steps`` steps (30) of simulated ranks (or, under torchrun, of this process's rank) in one
+CUDA graph, replayed 20 times, with no event between steps. Prints per simulated-rank count and token count the step period (rank 0's dispatch start to the
 next, within a replay: median and mean) and the median time of each stage. A combine too large for one kernel is
 not stamped. The stamps cost a few instructions each; the package itself is left untouched. What it printed at the
 release is in docs/benchmarks.md ("Where the time goes").
@@ -76,35 +77,36 @@ def stamped_copy(dest: pathlib.Path) -> None:
         path.write_text(text.replace(anchor, before + anchor + after))
 
 
-def measure(ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None:
+def measure(sess, ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None:
     import torch
 
-    from flashinfer_a2a.bench import session
     from flashinfer_a2a.bench.args import parse_args
     from flashinfer_a2a.bench.impls import A2A, make_case
 
     args = parse_args(["--sim-ranks", str(ranks), "--tokens", "256", "--quant", "none", "--no-baselines"])
-    sess = session.start(ranks)
+    own = slice(None) if sess.simulated else slice(sess.rank, sess.rank + 1)  # real ranks: read only our own row
     a2a = A2A(args, sess, torch.bfloat16)
     case = make_case(args, sess, tokens, torch.bfloat16, "uniform", 1)
     rank_steps = a2a.steps(case)
     graph, capture = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.graph(graph, stream=capture):
-        for s in rank_steps:
-            s.stream.wait_stream(capture)
+        for s in rank_steps:  # simulated ranks have a stream each; a real rank runs on the capture stream
+            if s.stream is not None:
+                s.stream.wait_stream(capture)
         for _ in range(steps):
             for phase in ("dispatch", "combine"):
                 for s in rank_steps:
                     with s.on_stream():
                         getattr(s, phase)()
         for s in rank_steps:
-            capture.wait_stream(s.stream)
+            if s.stream is not None:
+                capture.wait_stream(s.stream)
     samples = []  # per replay: epoch -> per rank the 32 words
     for replay in range(replays):
         graph.replay()
         torch.cuda.synchronize()
         if replay >= 2:
-            words = [w.clone().view(torch.int64).view(32, 32).tolist() for w in a2a.workspace[:, -TRACE_BYTES:]]
+            words = [w.clone().view(torch.int64).view(32, 32).tolist() for w in a2a.workspace[own, -TRACE_BYTES:]]
             by_epoch = {}
             for slot in range(32):
                 if len({w[slot][15] for w in words} | {w[slot][31] for w in words}) == 1:
@@ -112,23 +114,38 @@ def measure(ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None
             last = max(by_epoch, default=0)  # this replay's steps only: slots of the one before span a host gap
             samples.append({e: row for e, row in by_epoch.items() if e > last - steps})
     a2a.check(case)
+    lines = sess.gather(_report(samples, 1 if not sess.simulated else ranks, sess.rank))
+    if sess.is_root:
+        where = f"{ranks} simulated ranks" if sess.simulated else f"{sess.ep_size} GPUs"
+        for rank_lines in lines:
+            if rank_lines is None:  # only the one-kernel combine is stamped
+                print(f"{where}, {tokens} tokens: no stamped steps (the combine ran as two kernels)")
+                break
+            header, stages = rank_lines
+            if rank_lines is lines[0]:
+                print(f"{where}, {tokens} tokens, {steps} steps a graph: {header}")
+            print("\n".join(stages))
+    sess.barrier()
+
+
+def _report(samples: list[dict], ranks: int, first_rank: int):
+    """(header, a line per rank) of the stamped steps, or None when none was stamped."""
     rows = [row for by_epoch in samples for row in by_epoch.values()]
-    if not rows:  # only the one-kernel combine is stamped
-        print(f"{ranks} simulated ranks, {tokens} tokens: no stamped steps (the combine ran as two kernels)")
-        sess.close()
-        return
+    if not rows:
+        return None
     periods = [by_epoch[e + 1][0][0] - row[0][0] for by_epoch in samples for e, row in by_epoch.items()
                if e + 1 in by_epoch]
     period, mean = statistics.median(periods) / 1e3, statistics.fmean(periods) / 1e3
-    print(f"{ranks} simulated ranks, {tokens} tokens, {steps} steps a graph: {len(rows)} stamped, "
-          f"period {period:.2f} us (mean {mean:.2f})")
+    header = f"{len(rows)} stamped, period {period:.2f} us (mean {mean:.2f})"
+    stages = []
     for r in range(ranks):
         def stage(a: int, b: int) -> float:
             return statistics.median(row[r][b] - row[r][a] for row in rows) / 1e3
         dispatch = " ".join(f"{DISPATCH[i]} {stage(i - 1, i):.2f}" for i in range(1, len(DISPATCH)))
         combine = " ".join(f"{COMBINE[i]} {stage(15 + i, 16 + i):.2f}" for i in range(1, len(COMBINE)))
-        print(f"  rank {r} us | dispatch: {dispatch} | to combine {stage(6, 16):.2f} | combine: {combine}")
-    sess.close()
+        stages.append(f"  rank {first_rank + r} us | period {period:.2f} | dispatch: {dispatch} | "
+                      f"to combine {stage(6, 16):.2f} | combine: {combine}")
+    return header, stages
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -152,9 +169,19 @@ if __name__ == "__main__":
 
         if not pathlib.Path(flashinfer_a2a.__file__).resolve().is_relative_to(pathlib.Path.cwd().resolve()):
             raise SystemExit(f"imported {flashinfer_a2a.__file__}, not the stamped copy in {pathlib.Path.cwd()}")
-        for ranks in args.ranks:
+        from flashinfer_a2a.bench import session
+
+        if session.launched_world_size() > 1:  # a GPU per rank: one session, this process's rank
+            sess = session.start(1)
             for tokens in args.tokens:
-                measure(ranks, tokens, args.steps)
+                measure(sess, sess.ep_size, tokens, args.steps)
+            sess.close()
+            sys.exit(0)
+        for ranks in args.ranks:
+            sess = session.start(ranks)
+            for tokens in args.tokens:
+                measure(sess, ranks, tokens, args.steps)
+            sess.close()
         sys.exit(0)
     with tempfile.TemporaryDirectory() as tmp:
         copy = pathlib.Path(tmp)

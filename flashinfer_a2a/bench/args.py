@@ -56,6 +56,7 @@ class BenchArgs:
     num_sms: tuple[int, ...] = ()  # SM budgets timed besides the whole GPU (rows a2a-sm<N>)
     overlap: bool = False  # time the dual-batch overlap study (flashinfer_a2a.bench.overlap) instead
     pair_group: int = GRAPH_PAIR_GROUP  # graph mode: iterations per timed sample of the pair (bench.timing)
+    floor: Optional[str] = None  # link_floor.py's JSON: rows of this package as multiples of the floor (bench.floor)
 
 
 def _positive_int(text: str) -> int:
@@ -135,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "group's collectives; one process per GPU); default %(default)s")
     parser.add_argument("--num-sms", nargs="+", type=_list_of(_positive_int), metavar="N",
                         help="SM budgets (MoeAlltoAll num_sms) timed as rows a2a-sm<N> besides the whole GPU")
+    parser.add_argument("--floor", metavar="JSON",
+                        help="what docs/measurements/link_floor.py --json measured on these GPUs: prints each row of "
+                             "this package as a multiple of the floor of its step")
     parser.add_argument("--overlap", action="store_true",
                         help="time dual-batch overlap instead: two micro-batches on two workspaces, a bf16 GEMM of "
                              "[tokens, hidden] x [hidden, 2048] between each send and its receive; reports a2a alone, "
@@ -177,4 +181,5 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         transport=ns.transport,
         num_sms=_flatten(ns.num_sms, ()),
         overlap=ns.overlap,
+        floor=ns.floor,
     )

@@ -16,6 +16,7 @@ from ..library import ops as library
 from .args import DTYPES, BenchArgs, parse_args
 from .impls import (A2A, Case, combine_row_bytes, dispatch_row_bytes, make_case, nccl_a2a_steps, nccl_ag_rs_steps,
                     variants)
+from . import floor
 from .report import add_derived, format_table, output_paths, write_json, write_plot
 from .session import Session, start
 from .timing import PHASES, RankSteps, summarize, time_loop
@@ -68,7 +69,8 @@ def _time_impl(session: Session, args: BenchArgs, make_steps: Callable[[], Seque
     return results
 
 
-def _run_case(args: BenchArgs, session: Session, ours: Sequence[A2A], case: Case) -> dict[str, Any]:
+def _run_case(args: BenchArgs, session: Session, ours: Sequence[A2A], case: Case,
+              link_floor: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     impls: dict[str, Any] = {}
     impl_bytes: dict[str, Any] = {}
     for a2a in ours:
@@ -89,6 +91,9 @@ def _run_case(args: BenchArgs, session: Session, ours: Sequence[A2A], case: Case
         "impl_bytes": impl_bytes,
         "impls": impls,
     }
+    if link_floor is not None and session.ep_size > 1:
+        result["floor_us"] = floor.pair_floor_us(link_floor, session.ep_size, result["bytes"]["dispatch"]["remote"],
+                                                 result["bytes"]["combine"]["remote"])
     add_derived(result)
     return result
 
@@ -141,6 +146,7 @@ def _main_overlap(args: BenchArgs, session: Session, progress: Callable[[str], N
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    link_floor = floor.load(args.floor)  # a bad file fails before any GPU work
     if not torch.cuda.is_available():
         print(NO_GPU_MESSAGE, file=sys.stderr)
         return 1
@@ -168,11 +174,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         progress(f"[{index + 1}/{len(plan)}] tokens/rank {tokens}, {dtype_name}, {routing} routing "
                                  f"({time.monotonic() - start_time:.0f} s)")
                         case = make_case(args, session, tokens, DTYPES[dtype_name], routing, args.seed + index)
-                        cases.append(_run_case(args, session, ours, case))
+                        cases.append(_run_case(args, session, ours, case, link_floor))
             finally:
                 for a2a in ours:
                     a2a.close()
         meta = _meta(args, session, argv)
+        if link_floor is not None:
+            meta["floor"] = link_floor
     finally:
         session.close()
     if not session.is_root:

@@ -38,6 +38,8 @@ def add_derived(case: dict[str, Any]) -> None:
         nccl = case["impls"].get("nccl_a2a", {}).get(mode, {})
         if "pair" in stats and "pair" in nccl:
             summary[f"pair_speedup_vs_nccl_a2a_{mode}"] = nccl["pair"]["max_rank"] / stats["pair"]["max_rank"]
+        if "pair" in stats and "floor_us" in case:
+            summary[f"pair_over_floor_{mode}"] = stats["pair"]["max_rank"] / case["floor_us"]
         pushed = case["impls"].get("a2a-push", {}).get(mode, {})
         if "combine" in stats and "combine" in pushed:
             summary[f"push_combine_speedup_{mode}"] = stats["combine"]["max_rank"] / pushed["combine"]["max_rank"]
@@ -90,8 +92,9 @@ def format_table(meta: dict[str, Any], cases: list[dict[str, Any]]) -> str:
                              f"{stats['pair']['p99']:8.1f} {stats['pair']['over_2x']:>4} | {rates} | {host_text:>12}")
         summary = ", ".join(f"{k} {v:.2f}" for k, v in case.get("summary", {}).items())
         mb = {p: case["bytes"][p]["remote"] / 1e6 for p in PHASES}
+        floor_text = f", floor of the pair {case['floor_us']:.1f} us" if "floor_us" in case else ""
         lines.append(f"{'':>6} remote MB per rank: dispatch {mb['dispatch']:.2f}, combine {mb['combine']:.2f}"
-                     + (f"; {summary}" if summary else ""))
+                     + floor_text + (f"; {summary}" if summary else ""))
     return "\n".join(lines)
 
 

@@ -145,21 +145,24 @@ def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
 @register(
     "dispatch(Tensor(a!) workspace, Tensor topk_ids, Tensor[] payloads, Tensor(b!) recv_counts, int ep_rank, "
     f"{_SIZES}, SymInt runtime_max_tokens_per_rank, int num_experts, float timeout_s, int quant_format=0, "
-    "Tensor? global_scale=None, bool swizzled_scales=False, int phase=0, int num_sms=0) -> ()",
+    "Tensor? global_scale=None, bool swizzled_scales=False, int phase=0, int num_sms=0, "
+    "bool one_gpu_per_rank=False) -> ()",
     dispatch_key="CUDA",
 )
 def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
              dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts, timeout_s,
-             quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0):
+             quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0, one_gpu_per_rank=False):
     get_a2a_module().dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens,
                               top_k, dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank,
-                              num_experts, timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms)
+                              num_experts, timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms,
+                              one_gpu_per_rank)
 
 
 @dispatch.register_fake
 def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
                    dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts,
-                   timeout_s, quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0):
+                   timeout_s, quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0,
+                   one_gpu_per_rank=False):
     sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
     _check.check_split_args("dispatch", phase, ("send and receive", "send only"), num_sms)
     _check.check_dispatch_args(workspace, topk_ids, payloads, recv_counts, ep_rank, sizes,
@@ -258,7 +261,7 @@ def bind_eager_calls(workspace, recv_counts, ep_rank: int, sizes: Sequence[int],
     the bound dispatch returns the id of its payloads' row shapes. Used by
     :mod:`flashinfer_a2a.transports.nvlink_eager`; traced calls go through the ops above."""
     module = get_a2a_module()
-    return (module.bind_dispatch(workspace, recv_counts, ep_rank, *sizes, num_experts, num_sms),
+    return (module.bind_dispatch(workspace, recv_counts, ep_rank, *sizes, num_experts, num_sms, one_gpu_per_rank),
             module.bind_dispatch_recv(workspace, recv_counts, ep_rank, *sizes),
             module.bind_combine(workspace, recv_counts, ep_rank, *sizes, one_gpu_per_rank, num_sms))
 

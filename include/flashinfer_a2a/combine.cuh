@@ -44,6 +44,7 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
 // that only waits for the peers (of the epoch its send advanced to) before the pull kernel.
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
+  StartDependents(p.ranks.own_gpu);
   const int ep_size = p.ranks.ep_size;
   RankMetadata* meta = p.ranks.MyMeta();
   const bool sends = p.phase != CombinePhase::kRecv, waits = p.phase != CombinePhase::kSend;
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
 template <typename T, int kVec, int kVecs>
 __global__ void __launch_bounds__(kCombineThreads) CombinePullKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
+  StartDependents(p.ranks.own_gpu);
   PullItems<T, kVec, kVecs>(p, HasFatalError(p.ranks.MyMeta()), blockIdx.x * kCombineWarps + threadIdx.x / 32,
                             static_cast<int64_t>(gridDim.x) * kCombineWarps);
 }
@@ -91,6 +93,7 @@ template <typename T, int kVec, int kVecs>
 __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
     CombineFusedKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
+  StartDependents(p.ranks.own_gpu);
   RankMetadata* meta = p.ranks.MyMeta();
   const int warps = blockDim.x / 32;
   const int64_t first_item = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32;

@@ -184,6 +184,7 @@ __device__ __forceinline__ void PullItemsFp8(const CombineParams& p, bool failed
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) CombinePullFp8Kernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
+  StartDependents(p.ranks.own_gpu);
   PullItemsFp8<T>(p, HasFatalError(p.ranks.MyMeta()), blockIdx.x * kCombineWarps + threadIdx.x / 32,
                   static_cast<int64_t>(gridDim.x) * kCombineWarps);
 }

@@ -90,6 +90,7 @@ __device__ __forceinline__ bool WaitPushedRows(const CombineParams& p, RankMetad
 template <typename Wire>
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePushKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
+  StartDependents(p.ranks.own_gpu);
   RankMetadata* meta = p.ranks.MyMeta();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);

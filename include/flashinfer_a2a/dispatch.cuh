@@ -319,6 +319,7 @@ template <typename IdT, QuantFormat F, bool kGroupSmall>
 __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
     DispatchKernel(const __grid_constant__ DispatchParams p) {
   WaitPriorKernels();
+  StartDependents(p.ranks.own_gpu);
   __shared__ uint8_t s_rank_of[kRankTableExperts];
   __shared__ int32_t s_base[kMaxRanks];
   __shared__ int32_t s_warp[kDispatchWarps][kMaxRanks];
@@ -395,6 +396,7 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
 // The receive half of a split dispatch: one block waits for every peer's count of the epoch the send advanced to.
 __global__ void __launch_bounds__(kDispatchThreads) DispatchRecvKernel(const __grid_constant__ DispatchParams p) {
   WaitPriorKernels();
+  StartDependents(p.ranks.own_gpu);
   RankMetadata* meta = p.ranks.MyMeta();
   const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);  // the send's
   if (start.fatal) {

@@ -19,6 +19,10 @@ struct Ranks {
   int64_t bytes_per_rank;
   int32_t ep_rank;
   int32_t ep_size;
+  // No other rank runs on this GPU: the kernels let the next kernel of the stream be scheduled early (see
+  // StartDependents). Where ranks share a GPU a block waiting to start holds a multiprocessor that a peer may need
+  // to finish what this rank waits for, so they never do.
+  bool own_gpu = false;
 
   __device__ __forceinline__ uint8_t* Base(int rank) const { return workspace + rank * bytes_per_rank; }
   __device__ __forceinline__ RankMetadata* Meta(int rank) const {

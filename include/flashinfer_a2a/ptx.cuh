@@ -40,6 +40,14 @@ __device__ __forceinline__ uint32_t AtomicAddAcqRelSys(uint32_t* addr, uint32_t 
 // and its writes are visible. A kernel launched without the attribute returns at once.
 __device__ __forceinline__ void WaitPriorKernels() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// Lets the stream's next kernel (when launched by LaunchAfterPrior) be scheduled now rather than once this kernel's
+// blocks have all exited: its blocks take the multiprocessors this one leaves free and wait in WaitPriorKernels,
+// which still returns only when this kernel has completed and its writes are visible. The next kernel then starts
+// without a launch gap. Only for `allowed` (Ranks::own_gpu).
+__device__ __forceinline__ void StartDependents(bool allowed) {
+  if (allowed) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // Launches kernel<<<blocks, threads, 0, stream>>>(args...) so that it may be scheduled while the stream's previous
 // kernel drains; the kernel must call WaitPriorKernels() first.
 template <typename... Params, typename... Args>

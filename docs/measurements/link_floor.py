@@ -1,0 +1,258 @@
+"""The floor under a dispatch + combine step on this host's links, measured without this package (cupy, one process
+driving every visible GPU, peer access on, every GPU busy at once as in a step):
+
+- **peer stores**: each GPU stores a buffer into each of 1, 2, ... P - 1 peers at once with 16-byte SM stores (what a
+  dispatch does); bytes leaving each GPU per microsecond;
+- **peer loads**: each GPU loads a buffer from each of 1 ... P - 1 peers at once and writes one local sum (what the
+  pulled combine does); bytes entering each GPU per microsecond;
+- **one-way flag latency**: half the round trip of a flag stored with ``st.release.sys`` into a peer's memory and
+  seen by a spinning ``ld.acquire.sys``, GPU 0 with each other GPU;
+- **handshake kernel**: a kernel of one block that signals every peer and waits for every peer's signal, captured
+  back to back in a CUDA graph on every GPU: microseconds per kernel, the fixed cost of one phase (a dispatch or a
+  combine waits for its peers once).
+
+    python docs/measurements/link_floor.py --json floor.json          # needs 2+ GPUs with peer access, and cupy
+    torchrun --nproc-per-node 2 -m flashinfer_a2a.bench --floor floor.json
+
+The bench's ``--floor`` reads the JSON and prints each row of this package as a multiple of its floor: two
+handshake kernels plus the remote bytes of dispatch at the store rate and of combine at the load rate to the step's
+number of peers, the best rate measured over the buffer sizes (``flashinfer_a2a.bench.floor``). The sizes default to
+a DeepSeek-V3 step's remote bytes per peer at 128, 1024 and 8192 tokens per rank on 2 GPUs: a short transfer, timed
+alone, runs below the link's rate (its launch and first round trip are in its time).
+"""
+
+import argparse
+import json
+import sys
+
+import cupy as cp
+import numpy as np
+
+KERNELS = r"""
+extern "C" __global__ void store_to_peers(const int4* __restrict__ src, const unsigned long long* dsts, int peers,
+                                          long n) {
+  const long stride = (long)gridDim.x * blockDim.x;
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int4 v = src[i];
+    for (int d = 0; d < peers; ++d) reinterpret_cast<int4*>(dsts[d])[i] = v;
+  }
+}
+
+extern "C" __global__ void load_from_peers(const unsigned long long* srcs, int peers, int4* __restrict__ dst,
+                                           long n) {
+  const long stride = (long)gridDim.x * blockDim.x;
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {
+    int4 acc = make_int4(0, 0, 0, 0);
+    for (int d = 0; d < peers; ++d) {
+      const int4 v = reinterpret_cast<const int4*>(srcs[d])[i];
+      acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+    dst[i] = acc;
+  }
+}
+
+__device__ __forceinline__ void store_release(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Flag ping-pong: the GPU that starts stores i into the peer's flag, then waits for the peer's answer i.
+extern "C" __global__ void ping_pong(unsigned int* mine, unsigned int* peer, unsigned int base, int iters,
+                                     int starts) {
+  for (unsigned int i = base + 1; i <= base + iters; ++i) {
+    if (starts) store_release(peer, i);
+    while ((int)(load_acquire(mine) - i) < 0) {}
+    if (!starts) store_release(peer, i);
+  }
+}
+
+// One phase's handshake: thread r signals rank r (its slot `me` of rank r's flags) with this kernel's epoch, then
+// waits for rank r's signal. The epoch advances in device memory, so graph replays stay in step.
+extern "C" __global__ void handshake(const unsigned long long* flags, int me, int ranks, unsigned int* epoch) {
+  const unsigned int e = *reinterpret_cast<volatile unsigned int*>(epoch) + 1;
+  const int r = threadIdx.x;
+  if (r < ranks) {
+    store_release(reinterpret_cast<unsigned int*>(flags[r]) + me, e);
+    const unsigned int* from = reinterpret_cast<const unsigned int*>(flags[me]) + r;
+    while ((int)(load_acquire(from) - e) < 0) {}
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *epoch = e;
+}
+"""
+
+# Remote bytes per peer of a DeepSeek-V3 step (hidden 7168 bf16 + int32 ids + fp32 weights, top-8 of 256) at 128,
+# 1024 and 8192 tokens per rank on 2 GPUs, rounded to 16 bytes.
+DEFAULT_SIZES = (1_843_200, 14_745_600, 117_964_800)
+
+
+def _ptrs(arrays) -> cp.ndarray:
+    return cp.asarray(np.array([a.data.ptr for a in arrays], dtype=np.uint64))
+
+
+class Gpus:
+    def __init__(self, max_bytes: int) -> None:
+        self.count = cp.cuda.runtime.getDeviceCount()
+        if self.count < 2:
+            raise SystemExit(f"link_floor.py needs 2 or more GPUs with peer access; {self.count} visible")
+        self.dev = []
+        for d in range(self.count):
+            with cp.cuda.Device(d):
+                for peer in range(self.count):
+                    if peer != d:
+                        if not cp.cuda.runtime.deviceCanAccessPeer(d, peer):
+                            raise SystemExit(f"GPU {d} cannot access GPU {peer}: no peer path")
+                        cp.cuda.runtime.deviceEnablePeerAccess(peer)
+                n = max_bytes // 16 * 16
+                self.dev.append({
+                    "src": cp.ones(n, dtype=cp.uint8), "dst": cp.zeros(n, dtype=cp.uint8),
+                    "inbox": [cp.zeros(n, dtype=cp.uint8) for _ in range(self.count - 1)],
+                    "flags": cp.zeros(64, dtype=cp.uint32), "epoch": cp.zeros(1, dtype=cp.uint32),
+                    "module": cp.RawModule(code=KERNELS, options=("-std=c++17",)),
+                    "stream": cp.cuda.Stream(non_blocking=True),
+                    "sms": cp.cuda.runtime.getDeviceProperties(d)["multiProcessorCount"],
+                    "name": cp.cuda.runtime.getDeviceProperties(d)["name"].decode(),
+                })
+        self.ping_base = 0
+
+    def sync(self) -> None:
+        for d in range(self.count):
+            cp.cuda.Device(d).synchronize()
+
+    def _timed(self, launch, reps: int, devices) -> list[float]:
+        """Microseconds per repetition of launch(d, stream) on each device, all devices at once."""
+        events = {}
+        self.sync()
+        for d in devices:
+            with cp.cuda.Device(d):
+                stream = self.dev[d]["stream"]
+                launch(d, stream)  # warm-up
+                events[d] = (cp.cuda.Event(), cp.cuda.Event())
+                events[d][0].record(stream)
+                for _ in range(reps):
+                    launch(d, stream)
+                events[d][1].record(stream)
+        times = []
+        for d in devices:
+            with cp.cuda.Device(d):
+                events[d][1].synchronize()
+                times.append(cp.cuda.get_elapsed_time(*events[d]) * 1e3 / reps)
+        return times
+
+    def copy_rate(self, kind: str, peers: int, nbytes: int, blocks_per_sm: int = 2, reps: int = 10) -> float:
+        """Bytes per microsecond per GPU (the slowest GPU's) of `kind` ("store" or "load") to/from `peers` peers."""
+        n = np.int64(nbytes // 16)
+        args = {}
+        for d in range(self.count):
+            others = [(d + k) % self.count for k in range(1, peers + 1)]
+            with cp.cuda.Device(d):
+                if kind == "store":  # into slot (d - peer - 1) of each peer's inbox: no two GPUs share a buffer
+                    targets = [self.dev[o]["inbox"][(d - o - 1) % self.count] for o in others]
+                    args[d] = ("store_to_peers", (self.dev[d]["src"], _ptrs(targets), np.int32(peers), n))
+                else:
+                    args[d] = ("load_from_peers", (_ptrs([self.dev[o]["src"] for o in others]), np.int32(peers),
+                                                   self.dev[d]["dst"], n))
+
+        def launch(d, stream):
+            name, a = args[d]
+            grid = (self.dev[d]["sms"] * blocks_per_sm,)
+            self.dev[d]["module"].get_function(name)(grid, (512,), a, stream=stream)
+
+        us = max(self._timed(launch, reps, range(self.count)))
+        return peers * nbytes / us
+
+    def one_way_us(self, peer: int, iters: int = 2000) -> float:
+        """Half the round trip of a release store seen by an acquire spin, GPU 0 <-> `peer`."""
+        pair = (0, peer)
+        self.sync()
+        events = []
+        for i, d in enumerate(pair):
+            other = pair[1 - i]
+            with cp.cuda.Device(d):
+                stream = self.dev[d]["stream"]
+                kernel = self.dev[d]["module"].get_function("ping_pong")
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                start.record(stream)
+                kernel((1,), (1,), (self.dev[d]["flags"], self.dev[other]["flags"],
+                                    np.uint32(self.ping_base), np.int32(iters), np.int32(i == 0)), stream=stream)
+                end.record(stream)
+                events.append((start, end))
+        self.ping_base += iters
+        with cp.cuda.Device(0):
+            events[0][1].synchronize()
+            us = cp.cuda.get_elapsed_time(*events[0]) * 1e3
+        self.sync()
+        return us / iters / 2
+
+    def handshake_us(self, ranks: int, kernels: int = 200, replays: int = 5) -> float:
+        """Microseconds per handshake kernel among GPUs 0 .. ranks - 1, kernels back to back in a CUDA graph."""
+        graphs = []
+        self.sync()
+        for d in range(ranks):
+            with cp.cuda.Device(d):
+                self.dev[d]["flags"][:] = 0
+                self.dev[d]["epoch"][:] = 0
+        self.sync()
+        for d in range(ranks):
+            with cp.cuda.Device(d):
+                table = _ptrs([self.dev[r]["flags"][8:] for r in range(ranks)])
+                self.dev[d]["table"] = table
+                stream = self.dev[d]["stream"]
+                kernel = self.dev[d]["module"].get_function("handshake")
+                stream.begin_capture()
+                for _ in range(kernels):
+                    kernel((1,), (32,), (table, np.int32(d), np.int32(ranks), self.dev[d]["epoch"]), stream=stream)
+                graphs.append(stream.end_capture())
+
+        def launch(d, stream):
+            graphs[d].launch(stream)
+
+        return max(self._timed(launch, replays, range(ranks))) / kernels
+
+
+def measure(sizes, blocks_per_sm: int) -> dict:
+    gpus = Gpus(max(sizes))
+    result = {"gpu": gpus.dev[0]["name"], "gpus": gpus.count, "blocks_per_sm": blocks_per_sm,
+              "store": {}, "load": {}, "one_way_us": {}, "handshake_us": {}}
+    for peers in range(1, gpus.count):
+        for kind in ("store", "load"):
+            result[kind][str(peers)] = {str(n): gpus.copy_rate(kind, peers, n, blocks_per_sm) for n in sizes}
+        result["one_way_us"][str(peers)] = gpus.one_way_us(peers)
+        result["handshake_us"][str(peers + 1)] = gpus.handshake_us(peers + 1)
+    return result
+
+
+def describe(r: dict) -> str:
+    lines = [f"{r['gpus']}x {r['gpu']}, {r['blocks_per_sm']} blocks of 512 threads per multiprocessor"]
+    for kind, what in (("store", "peer stores, bytes/us leaving each GPU"),
+                       ("load", "peer loads, bytes/us entering each GPU")):
+        for peers, rates in r[kind].items():
+            text = ", ".join(f"{int(n) / 1e6:.2f} MB/peer {rate:.0f}" for n, rate in rates.items())
+            lines.append(f"{what} to {peers} peer(s) at once: {text}")
+    lines.append("one-way flag latency GPU 0 -> GPU k: "
+                 + ", ".join(f"k={k} {us:.2f} us" for k, us in r["one_way_us"].items()))
+    lines.append("handshake kernel (signal + wait every peer), back to back in a graph: "
+                 + ", ".join(f"{n} GPUs {us:.2f} us" for n, us in r["handshake_us"].items()))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="bytes per peer")
+    parser.add_argument("--blocks-per-sm", type=int, default=2, help="blocks of 512 threads per multiprocessor")
+    parser.add_argument("--json", help="write the figures here (the bench's --floor reads it)")
+    args = parser.parse_args(argv)
+    result = measure(args.sizes, args.blocks_per_sm)
+    print(describe(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

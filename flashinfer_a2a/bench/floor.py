@@ -1,0 +1,45 @@
+"""The floor of a step on the links it runs over, from what ``docs/measurements/link_floor.py`` measured there
+(``--floor floor.json``): each row of this package is printed as a multiple of it.
+
+A pair (dispatch then combine) cannot take less than two handshakes (each phase signals its peers and waits for
+them: the probe's handshake kernel, launch gap included) plus its remote bytes moved at the link's rate to that many
+peers at once: dispatch's at the peer-store rate, combine's at the peer-load rate (the pulled combine reads them),
+each the best the probe measured over its buffer sizes. A short transfer of the probe runs below that rate because
+its own launch and first round trip count in its time; in a step they overlap the handshakes, so the floor does not
+count them twice.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+
+class FloorError(ValueError):
+    """The floor file is missing figures this run needs."""
+
+
+def load(path: Optional[str]) -> Optional[dict[str, Any]]:
+    """The probe's JSON, or None without a path."""
+    if path is None:
+        return None
+    with open(path) as f:
+        floor = json.load(f)
+    for key in ("store", "load", "handshake_us"):
+        if key not in floor:
+            raise FloorError(f"{path} has no {key!r}: write it with docs/measurements/link_floor.py --json")
+    return floor
+
+
+
+
+def pair_floor_us(floor: dict[str, Any], ep_size: int, dispatch_bytes: float, combine_bytes: float) -> float:
+    """Microseconds a pair moving these remote bytes per rank cannot go under on ``ep_size`` ranks."""
+    peers = str(ep_size - 1)
+    if ep_size < 2:
+        raise FloorError("a floor needs 2 or more ranks")
+    if peers not in floor["store"] or str(ep_size) not in floor["handshake_us"]:
+        raise FloorError(f"the floor file was measured on {floor.get('gpus')} GPUs; this run has {ep_size} ranks")
+    moved = sum(num_bytes / max(floor[kind][peers].values())
+                for kind, num_bytes in (("store", dispatch_bytes), ("load", combine_bytes)))
+    return 2 * floor["handshake_us"][str(ep_size)] + moved

@@ -1,0 +1,61 @@
+"""The bench's floor of a step (flashinfer_a2a.bench.floor) from what docs/measurements/link_floor.py writes, and
+the probe's kernels compiling for the architectures it runs on."""
+
+import json
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from flashinfer_a2a.bench import floor
+from flashinfer_a2a.bench.args import parse_args
+
+PROBE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "measurements" / "link_floor.py"
+
+
+def _probe_json(tmp_path, **change) -> str:
+    figures = {"gpu": "H100", "gpus": 2, "blocks_per_sm": 2,
+               "store": {"1": {"1000": 100.0, "1000000": 400.0}},
+               "load": {"1": {"1000": 50.0, "1000000": 250.0}},
+               "one_way_us": {"1": 2.0}, "handshake_us": {"2": 3.0}}
+    figures.update(change)
+    path = tmp_path / "floor.json"
+    path.write_text(json.dumps(figures))
+    return str(path)
+
+
+def test_pair_floor_is_two_handshakes_plus_the_bytes_at_the_best_rates(tmp_path):
+    link = floor.load(_probe_json(tmp_path))
+    # 2 x 3 us, 8000 bytes stored at 400 bytes/us, 5000 bytes loaded at 250 bytes/us
+    assert floor.pair_floor_us(link, 2, 8000.0, 5000.0) == pytest.approx(6.0 + 20.0 + 20.0)
+    assert floor.pair_floor_us(link, 2, 0.0, 0.0) == pytest.approx(6.0)
+
+
+def test_floor_refuses_a_file_of_other_gpus_or_fields(tmp_path):
+    link = floor.load(_probe_json(tmp_path))
+    with pytest.raises(floor.FloorError, match="measured on 2 GPUs; this run has 4 ranks"):
+        floor.pair_floor_us(link, 4, 1.0, 1.0)
+    with pytest.raises(floor.FloorError, match="2 or more ranks"):
+        floor.pair_floor_us(link, 1, 1.0, 1.0)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"store": {}}))
+    with pytest.raises(floor.FloorError, match="has no 'load'"):
+        floor.load(str(bad))
+    assert floor.load(None) is None
+
+
+def test_bench_takes_the_floor_file():
+    assert parse_args(["--floor", "floor.json"]).floor == "floor.json"
+    assert parse_args([]).floor is None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_probe_kernels_compile(tmp_path):
+    """The probe's CUDA source (compiled by cupy at run time) compiles for sm_90a and sm_100a."""
+    source = PROBE.read_text().split('KERNELS = r"""', 1)[1].split('"""', 1)[0]
+    (tmp_path / "probe.cu").write_text(source)
+    for arch in ("sm_90a", "sm_100a"):
+        result = subprocess.run(["nvcc", "-std=c++17", f"-arch={arch}", "-cubin", "-o", str(tmp_path / "probe.cubin"),
+                                 str(tmp_path / "probe.cu")], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
