@@ -9,7 +9,7 @@ runs on the current CUDA stream; all ranks must make the same calls in the same 
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -81,20 +81,22 @@ def dispatch_counts(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConf
                     timeout_s: Optional[float] = None, recv_counts: Optional[torch.Tensor] = None,
                     quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
                     swizzled_scales: bool = False, debug: Optional[bool] = None, num_sms: int = 0,
-                    phase: int = 0) -> torch.Tensor:
+                    phase: int = 0, launch: Optional[Callable[..., None]] = None) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any. ``num_sms``: size the grid for at most this many
-    multiprocessors (0: all). ``phase=1`` sends only (see :mod:`flashinfer_a2a.split_phase`)."""
+    multiprocessors (0: all). ``phase=1`` sends only (see :mod:`flashinfer_a2a.split_phase`). ``launch``: what
+    launches the op (default :func:`flashinfer_a2a.library.ops.dispatch`; a communication stream's form,
+    :meth:`flashinfer_a2a.transports.overlap.CommStream.op`)."""
     fmt = check_dispatch_call(topk_ids, payloads, runtime_max_tokens_per_rank, quant_format)
     debug = debug_enabled(debug)
     if debug:
         debug_check_ids(topk_ids, num_experts)
     if recv_counts is None:
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
-    ops.dispatch(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
-                 runtime_max_tokens_per_rank, num_experts, _config.timeout_or_default(timeout_s),
-                 0 if fmt is None else fmt.code,
-                 global_scale_tensor(global_scale, workspace), swizzled_scales, phase, num_sms)
+    (launch or ops.dispatch)(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
+                             runtime_max_tokens_per_rank, num_experts, _config.timeout_or_default(timeout_s),
+                             0 if fmt is None else fmt.code, global_scale_tensor(global_scale, workspace),
+                             swizzled_scales, phase, num_sms)
     if debug:
         debug_check(workspace, ep_rank, True)
     return recv_counts
@@ -122,7 +124,8 @@ def combine(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, recv
             runtime_max_tokens_per_rank: int, partials: Optional[torch.Tensor] = None, *,
             out: Optional[torch.Tensor] = None, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None,
             timeout_s: Optional[float] = None, one_gpu_per_rank: bool = False, quant_format: Optional[str] = None,
-            combine_mode: str = "pull", debug: Optional[bool] = None, num_sms: int = 0, phase: int = 0) -> torch.Tensor:
+            combine_mode: str = "pull", debug: Optional[bool] = None, num_sms: int = 0, phase: int = 0,
+            launch: Optional[Callable[..., None]] = None) -> torch.Tensor:
     """Sums, for each local token, the partials of the distinct ranks it was sent to.
 
     ``out[t] = sum over ranks r (increasing) of partial(t, r)``, accumulated in fp32 and cast to the output dtype:
@@ -157,15 +160,17 @@ def combine(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, recv
         debug: check the error record after an eager call (default ``FLASHINFER_A2A_DEBUG``; slow).
         num_sms: size the grids for at most this many multiprocessors (0: all).
         phase: 0 the whole combine; 1 send, 2 receive (:mod:`flashinfer_a2a.split_phase`; always pulled).
+        launch: what launches the op (default :func:`flashinfer_a2a.library.ops.combine`; a communication stream's
+            form, :meth:`flashinfer_a2a.transports.overlap.CommStream.op`).
 
     Returns:
         ``[num_tokens, hidden]``.
     """
     out = combine_output(workspace, num_tokens, partials, out, hidden, dtype)
     check_combine_format(quant_format, "combine quant_format")
-    ops.combine(workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
-                _config.timeout_or_default(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1,
-                combine_mode_code(combine_mode), phase, num_sms)
+    (launch or ops.combine)(workspace, partials, recv_counts, out, ep_rank, *config.sizes(),
+                            runtime_max_tokens_per_rank, _config.timeout_or_default(timeout_s), one_gpu_per_rank,
+                            0 if quant_format is None else 1, combine_mode_code(combine_mode), phase, num_sms)
     debug_check(workspace, ep_rank, debug)
     return out
 

@@ -11,12 +11,13 @@ from . import functional as F
 from .agreement import check_agreement, construction_record
 from .comm import as_communicator
 from .library import sizing
-from .library.checks import check_combine_tensors, check_optional_tensor
+from .library.checks import check_combine_tensors
 from .library.combine_mode import pushed_wires
 from .library.wire_formats import check_combine_format, wire_format
 from .transports.base import Transport
 from .transports.nccl import NcclTransport, check_transport, process_group_of, resolve_transport
 from .transports.nvlink import NvlinkTransport
+from .transports.overlap import check_comm_stream
 
 
 class MoeAlltoAll:
@@ -67,6 +68,13 @@ class MoeAlltoAll:
             a namespace of its own. One dispatch may be pending per shared workspace.
         num_sms: SM budget: the kernels size their grids as if the GPU had this many multiprocessors (None: all),
             so compute running beside them (split-phase calls, :mod:`flashinfer_a2a.split_phase`) keeps the rest.
+        comm_stream: where the split halves move the bytes (docs/overlap.md). None (default): on the caller's
+            stream, as every call. True: on a communication stream the package owns (one per rank of the group on
+            its device, shared by every namespace, high priority), or a ``torch.cuda.Stream`` of this device given
+            here: :meth:`dispatch_send` and :meth:`combine_send` queue both kernels of their call there after the
+            caller's work so far and return; :meth:`dispatch_recv` and :meth:`combine_recv` make the caller's stream
+            wait for them. What the caller queues in between runs beside the transfer, on the multiprocessors
+            ``num_sms`` leaves. The whole calls stay on the caller's stream. nvlink transport only.
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class MoeAlltoAll:
         exact: bool = False,
         namespace: str = "default",
         num_sms: Optional[int] = None,
+        comm_stream: bool | torch.cuda.Stream | None = None,
     ) -> None:
         self.comm = as_communicator(group)
         # Before anything is checked or allocated: every rank raises alike on a difference (and on a bad argument).
@@ -99,8 +108,10 @@ class MoeAlltoAll:
             dispatch_format=dispatch_format, swizzled_scales=swizzled_scales, combine_format=combine_format,
             push_combine=push_combine, dispatch_bytes_per_token=dispatch_bytes_per_token,
             combine_bytes_per_token=combine_bytes_per_token, transport=transport, exact=exact,
-            num_sms=num_sms, namespace=namespace))  # the namespace too: sharing and growth must be collective
+            num_sms=num_sms, namespace=namespace,  # the namespace too: sharing and growth must be collective
+            comm_stream=comm_stream is not None and comm_stream is not False))
         check_transport(transport, exact)
+        check_comm_stream(comm_stream)
         if num_sms is not None and (not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 1):
             raise ValueError(f"num_sms must be None (every multiprocessor) or an int >= 1, got {num_sms!r}")
         self.num_sms = 0 if num_sms is None else num_sms  # 0: the ops' "every multiprocessor"
@@ -139,6 +150,9 @@ class MoeAlltoAll:
         self.transport = resolve_transport(self.comm, transport, device)
         self._transport: Transport
         if self.transport == "nccl":  # no workspace: every call goes to the process group's collectives
+            if comm_stream is not None and comm_stream is not False:
+                raise ValueError("comm_stream is for the split halves, which the nccl transport does not have "
+                                 f"(transport={transport!r} resolved to nccl): pass comm_stream=None")
             self._transport = NcclTransport(process_group_of(self.comm), num_experts=num_experts,
                                             max_num_tokens=max_num_tokens, device=device, exact=exact,
                                             debug=self._debug)
@@ -146,7 +160,8 @@ class MoeAlltoAll:
             self._transport = NvlinkTransport(self.comm, group, namespace, self.requested, device,
                                               num_experts=num_experts, num_sms=self.num_sms,
                                               pushed_wires=pushed_wires(push_combine, combine_format),
-                                              timeout_s=self._timeout_s, debug=self._debug)
+                                              timeout_s=self._timeout_s, debug=self._debug,
+                                              comm_stream=comm_stream)
         self.device = self._transport.device
 
     @property
@@ -217,17 +232,19 @@ class MoeAlltoAll:
         hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
         return self._transport.combine(partials, out, hidden, dtype, self._timeout(timeout_s), quant_format)
 
-    def combine_send(self, partials: Optional[torch.Tensor] = None, *, timeout_s: Optional[float] = None,
-                     quant_format: Optional[str] = None) -> None:
-        """The send half of :meth:`combine` (same arguments but ``out``): publishes this rank's partials (None:
-        :meth:`combine_input` was written). Keep ``partials`` unchanged until :meth:`combine_recv` has run."""
-        check_optional_tensor(partials, "partials")
+    def combine_send(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
+                     timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> None:
+        """The send half of :meth:`combine` (same arguments): publishes this rank's partials (None:
+        :meth:`combine_input` was written). Keep ``partials`` unchanged until :meth:`combine_recv` has run.
+        ``out`` here or at :meth:`combine_recv` (with ``comm_stream`` here only: the send queues the receive kernel,
+        which writes it)."""
+        check_combine_tensors(partials, out)
         self._transport.combine_send(partials, *self._combine_row(None, None), self._timeout(timeout_s),
-                                     quant_format)
+                                     quant_format, out)
 
     def combine_recv(self, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Waits for the peers' :meth:`combine_send` and returns ``out`` ``[num_tokens, hidden]`` (allocated when
-        None), as :meth:`combine` does."""
+        None, or the one given to :meth:`combine_send`), as :meth:`combine` does."""
         check_combine_tensors(None, out)
         return self._transport.combine_recv(out, *self._combine_row(None, None))
 

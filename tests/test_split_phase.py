@@ -75,6 +75,27 @@ def test_phase_codes_and_schemas():
     assert "Tensor(a!) workspace, Tensor(b!) recv_counts" in recv
 
 
+def trace_with_fakes(step, config, hidden):
+    """Traces ``step(wa, wb, ids, x)`` (two workspaces of ``config`` on the meta device, 10 tokens of bf16
+    ``hidden`` states and int64 ids) with dynamo, fullgraph; returns its outputs and the graph's flashinfer_a2a op
+    calls in order."""
+    wa = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8, device="meta")
+    wb = torch.empty_like(wa)
+    ids = torch.empty(10, config.top_k, dtype=torch.int64, device="meta")
+    x = torch.empty(10, hidden, dtype=torch.bfloat16, device="meta")
+    captured = []
+
+    def backend(gm, example_inputs):
+        captured.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    outputs = torch.compile(step, fullgraph=True, backend=backend)(wa, wb, ids, x)
+    calls = [n for gm in captured for n in gm.graph.nodes if n.op == "call_function"
+             and str(n.target).startswith("flashinfer_a2a.")]
+    return outputs, calls
+
+
 @pytest.mark.usefixtures("a2a_env")  # the workspace size comes from the built library
 def test_split_calls_trace_fullgraph_with_fakes():
     """Two micro-batches on two workspaces, their halves interleaved, traced by dynamo (meta tensors: no GPU)."""
@@ -94,22 +115,9 @@ def test_split_calls_trace_fullgraph_with_fakes():
         ob = sp.combine_recv(wb, 0, config, cb, ids.shape[0], runtime_max, hidden=hidden, dtype=torch.bfloat16)
         return oa, ob, ra, ca
 
-    wa = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8, device="meta")
-    wb = torch.empty_like(wa)
-    ids = torch.empty(10, top_k, dtype=torch.int64, device="meta")
-    x = torch.empty(10, hidden, dtype=torch.bfloat16, device="meta")
-    captured = []
-
-    def backend(gm, example_inputs):
-        captured.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    oa, ob, ra, ca = torch.compile(step, fullgraph=True, backend=backend)(wa, wb, ids, x)
+    (oa, ob, ra, ca), calls = trace_with_fakes(step, config, hidden)
     assert oa.shape == ob.shape == (10, hidden) and ra.shape == (2, runtime_max, hidden)
     assert ca.shape == (2,) and ca.dtype == torch.int32
-    calls = [n for gm in captured for n in gm.graph.nodes if n.op == "call_function"
-             and str(n.target).startswith("flashinfer_a2a.")]
     phases = [(str(n.target).split(".")[1], n.args[16] if "dispatch.default" in str(n.target) else
                n.args[15] if "combine" in str(n.target) else None) for n in calls]
     assert phases == [("dispatch", 1), ("dispatch", 1), ("dispatch_recv", None), ("combine", 1),

@@ -2,8 +2,10 @@
 
     torchrun --nproc-per-node 2 docs/examples/overlap.py
 
-Each micro-batch has a MoeAlltoAll (a workspace) of its own; their halves interleave on one stream, and the result
-equals, bit for bit, running the two micro-batches one after the other with whole calls.
+Each micro-batch has a MoeAlltoAll (a workspace) of its own. The send halves queue their transfers on a
+communication stream the package owns (``comm_stream=True``), the receive halves make the current stream wait for
+them, and each micro-batch's experts run while the other's rows move. The result equals, bit for bit, running the
+two micro-batches one after the other with whole calls.
 """
 
 import os
@@ -32,15 +34,16 @@ def experts(recv_x, recv_ids, recv_w, counts, out):
 
 
 # begin overlap
-# One workspace per micro-batch: layers of one namespace share theirs, so each micro-batch gets a namespace.
+# One workspace per micro-batch: layers of one namespace share theirs, so each micro-batch gets a namespace. The
+# transfers run on the package's communication stream, on at most 16 multiprocessors.
 a2a = [MoeAlltoAll(None, max_num_tokens=256, top_k=top_k, num_experts=num_experts, hidden_size=hidden,
-                   namespace=f"micro-batch {i}") for i in range(2)]
+                   namespace=f"micro-batch {i}", comm_stream=True, num_sms=16) for i in range(2)]
 
-a2a[0].dispatch_send(ids[0], [x[0], ids[0], weights[0]])
+a2a[0].dispatch_send(ids[0], [x[0], ids[0], weights[0]])  # queued on the communication stream; returns at once
 a2a[1].dispatch_send(ids[1], [x[1], ids[1], weights[1]])
-(recv_x, recv_ids, recv_w), counts = a2a[0].dispatch_recv()
+(recv_x, recv_ids, recv_w), counts = a2a[0].dispatch_recv()  # the current stream waits for micro-batch 0's rows
 experts(recv_x, recv_ids, recv_w, counts, out=a2a[0].combine_input())  # micro-batch 1's tokens travel meanwhile
-a2a[0].combine_send()
+a2a[0].combine_send()  # both combine kernels queued on the communication stream; they write the output
 (recv_x, recv_ids, recv_w), counts = a2a[1].dispatch_recv()
 experts(recv_x, recv_ids, recv_w, counts, out=a2a[1].combine_input())  # micro-batch 0's partials travel meanwhile
 a2a[1].combine_send()

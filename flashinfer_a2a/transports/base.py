@@ -34,9 +34,11 @@ class Transport(Protocol):
         """``[num_tokens, hidden]``: each token's partials summed over the ranks it went to."""
 
     def combine_send(self, partials: Optional[torch.Tensor], hidden: int, dtype: torch.dtype, timeout_s: float,
-                     quant_format: Optional[str]) -> None: ...
+                     quant_format: Optional[str], out: Optional[torch.Tensor]) -> None:
+        """``out``: where :meth:`combine_recv` writes (None: there, or a new tensor)."""
 
-    def combine_recv(self, out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype) -> torch.Tensor: ...
+    def combine_recv(self, out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype) -> torch.Tensor:
+        """``out`` (the one given to :meth:`combine_send`, else a new one when None)."""
 
     def combine_mode(self, quant_format: Optional[str]) -> str:
         """``"push"`` or ``"pull"``: how :meth:`combine` with this wire moves the partials."""

@@ -5,6 +5,9 @@ partials, through symmetric memory shared by every layer of a group and namespac
 Each step runs eagerly through C++ functions bound once per instance (:mod:`.nvlink_eager`: one counts tensor, receive
 views made once per shape), or, while ``torch.compile`` traces, through the registered ops with fresh tensors (a
 traced view or counts tensor must not be kept). A step after a dispatch follows the path that dispatch took.
+
+With a communication stream (:mod:`.overlap`) a send half queues both kernels of its call there and the receive half
+joins them back; whole calls stay on the caller's stream.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from .. import split_phase
 from ..comm import Communicator
 from ..library.combine_mode import combine_mode_code
 from ..library.constants import SPLIT_RECV, SPLIT_SEND
+from ..library.errors import debug_checks_due
 from ..library.wire_formats import check_combine_format
 from ..memory import shared_workspace
 from ..memory.lifecycle import barrier_within
+from . import overlap
 from .nvlink_eager import EagerCalls
-from ..library.errors import debug_checks_due
 
 _INSTANCES = itertools.count()  # names each instance's eager calls in its shared workspace
 
@@ -37,11 +41,13 @@ class NvlinkTransport:
         num_experts, num_sms: as the constructor's.
         pushed_wires: the combine wires this layer pushes when every rank has a GPU of its own.
         timeout_s, debug: the constructor's defaults (``FLASHINFER_A2A_TIMEOUT_S``, ``FLASHINFER_A2A_DEBUG``).
+        comm_stream: where the split halves' transfers run (:func:`.overlap.resolve`; True: the stream this rank of
+            the group owns on its device, shared by every namespace).
     """
 
     def __init__(self, comm: Communicator, group: Any, namespace: str, requested: F.WorkspaceConfig,
                  device: Optional[int | str], *, num_experts: int, num_sms: int, pushed_wires: frozenset,
-                 timeout_s: float, debug: bool) -> None:
+                 timeout_s: float, debug: bool, comm_stream: Any = None) -> None:
         self.comm, self.num_experts, self.num_sms = comm, num_experts, num_sms
         self.pushed_wires, self.timeout_s, self.debug = pushed_wires, timeout_s, debug
         self.shared: Optional[shared_workspace.SharedWorkspace] = shared_workspace.acquire(
@@ -50,6 +56,13 @@ class NvlinkTransport:
         self.recv_counts = torch.empty(comm.size, dtype=torch.int32, device=self.device)
         self.calls = 0
         self.instance = next(_INSTANCES)
+        self.comm_stream: Optional[overlap.CommStream] = None
+        try:
+            self.comm_stream = overlap.resolve(comm_stream, (shared_workspace.group_key(group, comm), comm.size,
+                                                             comm.rank), self.device)
+        except BaseException:
+            self.destroy()  # a refused stream keeps nothing
+            raise
 
     # The workspace, its layout and the pending dispatch belong to the shared workspace (read at each call: a later
     # layer may have grown it).
@@ -79,15 +92,25 @@ class NvlinkTransport:
         if self.debug and debug_checks_due(True):
             self._check_same_call(runtime_max)
         phase = SPLIT_SEND if call == "dispatch_send" else 0
+        on_stream = self.comm_stream if phase else None
         if torch.compiler.is_compiling():
-            launch = split_phase.dispatch_send if phase else F.dispatch
+            launch, extra = (split_phase.dispatch_send, {"comm_stream": on_stream}) if phase else (F.dispatch, {})
             recv, counts = launch(self.workspace, self.comm.rank, self.config, topk_ids, payloads, runtime_max,
                                   self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
                                   global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self.debug,
-                                  num_sms=self.num_sms)
+                                  num_sms=self.num_sms, **extra)
         else:  # one counts tensor and cached views, valid (like the views always were) until the next dispatch
-            recv = self.eager().dispatch(topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
-                                         swizzled_scales, phase=phase)
+            eager = self.eager()
+
+            def launch() -> list[torch.Tensor]:
+                views = eager.dispatch(topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
+                                       swizzled_scales, phase=phase)
+                if on_stream is not None:  # the receive follows the send on the communication stream
+                    eager.dispatch_recv(runtime_max, timeout_s)
+                return views
+
+            recv = launch() if on_stream is None else on_stream.run(self.workspace, launch,
+                                                                    (topk_ids, payloads, global_scale))
             counts = self.recv_counts
         shared.pending = (topk_ids.shape[0], runtime_max, counts)
         self.calls += 1
@@ -98,11 +121,11 @@ class NvlinkTransport:
         shared = self._begin("dispatch_recv")
         _, runtime_max, counts = shared.pending
         views, timeout_s = shared.sent
-        if self._eager_step(counts):
+        if self.comm_stream is None and self._eager_step(counts):
             self.eager().dispatch_recv(runtime_max, timeout_s)
-        else:
+        else:  # traced, or the join of the transfer on the communication stream
             split_phase.dispatch_recv(self.workspace, self.comm.rank, self.config, counts, runtime_max,
-                                      timeout_s=timeout_s, debug=self.debug)
+                                      timeout_s=timeout_s, debug=self.debug, comm_stream=self.comm_stream)
         shared.sent = None
         shared.order.advance("dispatch_recv")
         return views, counts
@@ -134,23 +157,47 @@ class NvlinkTransport:
         return result
 
     def combine_send(self, partials: Optional[torch.Tensor], hidden: int, dtype: torch.dtype, timeout_s: float,
-                     quant_format: Optional[str]) -> None:
+                     quant_format: Optional[str], out: Optional[torch.Tensor] = None) -> None:
         shared = self._begin("combine_send")
-        _, runtime_max, counts = shared.pending
+        num_tokens, runtime_max, counts = shared.pending
+        if out is not None or self.comm_stream is not None:  # made (or checked) on the caller's stream
+            out = F.combine_output(self.workspace, num_tokens, partials, out, hidden, dtype)
+        on_stream = self.comm_stream
         if self._eager_step(counts):
-            self.eager().combine(partials, None, 0, hidden, dtype, runtime_max, timeout_s, quant_format, SPLIT_SEND)
-        else:
+            eager = self.eager()
+
+            def launch() -> None:
+                eager.combine(partials, None, 0, hidden, dtype, runtime_max, timeout_s, quant_format, SPLIT_SEND)
+                if on_stream is not None:  # the receive pulls on the communication stream too
+                    eager.combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s, quant_format,
+                                  SPLIT_RECV)
+
+            if on_stream is None:
+                launch()
+            else:
+                on_stream.run(self.workspace, launch, (partials, out))
+        else:  # without a communication stream the receive half takes out
             split_phase.combine_send(self.workspace, self.comm.rank, self.config, counts, runtime_max, partials,
                                      hidden=hidden, dtype=dtype, timeout_s=timeout_s, quant_format=quant_format,
-                                     debug=self.debug, num_sms=self.num_sms)
-        shared.sent = (partials, timeout_s, quant_format)
+                                     debug=self.debug, num_sms=self.num_sms, out=None if on_stream is None else out,
+                                     comm_stream=on_stream)
+        shared.sent = (partials, timeout_s, quant_format, out)
         shared.order.advance("combine_send")
 
     def combine_recv(self, out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype) -> torch.Tensor:
         shared = self._begin("combine_recv")
         num_tokens, runtime_max, counts = shared.pending
-        partials, timeout_s, quant_format = shared.sent
-        if self._eager_step(counts):
+        partials, timeout_s, quant_format, sent_out = shared.sent
+        if out is not None and self.comm_stream is not None:
+            raise ValueError("combine_recv: with a communication stream the combine runs at combine_send, which "
+                             "writes its output: pass out to combine_send")
+        if out is not None and sent_out is not None:
+            raise ValueError("combine_recv: out was given to combine_send already")
+        out = sent_out if out is None else out
+        if self.comm_stream is not None:  # the join of the transfer, which wrote out
+            result = split_phase.combine_recv(self.workspace, self.comm.rank, self.config, counts, num_tokens,
+                                              runtime_max, out=out, comm_stream=self.comm_stream)
+        elif self._eager_step(counts):
             result = self.eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
                                           quant_format, SPLIT_RECV)
         else:
@@ -209,6 +256,8 @@ class NvlinkTransport:
             return
         shared, self.shared = self.shared, None
         shared.eager_calls.pop(self.instance, None)
+        if self.comm_stream is not None and shared.users == 1:  # its memory goes: nothing of it is kept
+            self.comm_stream.forget(shared.tensor)
         shared_workspace.release(shared)
 
     def check_alive(self) -> None:

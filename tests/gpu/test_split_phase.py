@@ -11,6 +11,7 @@ from flashinfer_a2a import reference as ref
 from flashinfer_a2a import split_phase as sp
 from flashinfer_a2a.library.errors import metadata_offsets
 from flashinfer_a2a.testing.simulate import SimulatedRanks
+from flashinfer_a2a.transports import overlap
 
 from .cases import scramble_
 
@@ -76,26 +77,40 @@ def _whole(sim, batch, runtime_max, num_sms=0):
     return sim.run(rank_fn)
 
 
-def _interleaved_rank(config, wa, wb, ids_a, hidden_a, ids_b, hidden_b, r, runtime_max, num_sms):
+def _interleaved_rank(config, wa, wb, ids_a, hidden_a, ids_b, hidden_b, r, runtime_max, num_sms, comm=None):
     """One rank's step of dual-batch overlap: send A, send B, receive A, experts A, send A's partials, receive B,
-    experts B (zero copy), send B's partials, receive both combines."""
-    (va,), ca = sp.dispatch_send(wa, r, config, ids_a, [hidden_a], runtime_max, EXPERTS, num_sms=num_sms)
-    (vb,), cb = sp.dispatch_send(wb, r, config, ids_b, [hidden_b], runtime_max, EXPERTS, num_sms=num_sms)
-    sp.dispatch_recv(wa, r, config, ca, runtime_max)
-    pa = _experts(va, r)
-    sp.combine_send(wa, r, config, ca, runtime_max, pa, num_sms=num_sms)
-    sp.dispatch_recv(wb, r, config, cb, runtime_max)
+    experts B (zero copy), send B's partials, receive both combines. ``comm``: the rank's communication stream, where
+    each send half queues both kernels of its call (the combine's output is then the send's)."""
+    (va,), ca = sp.dispatch_send(wa, r, config, ids_a, [hidden_a], runtime_max, EXPERTS, num_sms=num_sms,
+                                 comm_stream=comm)
+    (vb,), cb = sp.dispatch_send(wb, r, config, ids_b, [hidden_b], runtime_max, EXPERTS, num_sms=num_sms,
+                                 comm_stream=comm)
+    sp.dispatch_recv(wa, r, config, ca, runtime_max, comm_stream=comm)
+    pa = _experts(va, r)  # on a communication stream: held by the transfer until its join
+    oa, ob = ((None, None) if comm is None else
+              [torch.empty(ids.shape[0], HIDDEN, dtype=torch.bfloat16, device="cuda") for ids in (ids_a, ids_b)])
+    sp.combine_send(wa, r, config, ca, runtime_max, pa, num_sms=num_sms, out=oa, comm_stream=comm)
+    sp.dispatch_recv(wb, r, config, cb, runtime_max, comm_stream=comm)
     fa.combine_input(wb, r, config, runtime_max, HIDDEN, torch.bfloat16).copy_(_experts(vb, r))
-    sp.combine_send(wb, r, config, cb, runtime_max, hidden=HIDDEN, dtype=torch.bfloat16, num_sms=num_sms)
-    oa = sp.combine_recv(wa, r, config, ca, ids_a.shape[0], runtime_max, pa, num_sms=num_sms)
+    sp.combine_send(wb, r, config, cb, runtime_max, hidden=HIDDEN, dtype=torch.bfloat16, num_sms=num_sms, out=ob,
+                    comm_stream=comm)
+    oa = sp.combine_recv(wa, r, config, ca, ids_a.shape[0], runtime_max, pa, num_sms=num_sms, out=oa,
+                         comm_stream=comm)
     ob = sp.combine_recv(wb, r, config, cb, ids_b.shape[0], runtime_max, hidden=HIDDEN, dtype=torch.bfloat16,
-                         num_sms=num_sms)
+                         num_sms=num_sms, out=ob, comm_stream=comm)
     return oa, ob, ca, cb, va, vb
 
 
-def _step(config, sim_a, sim_b, a, b, r, runtime_max, num_sms=0):
+def _step(config, sim_a, sim_b, a, b, r, runtime_max, num_sms=0, comm=None):
     return _interleaved_rank(config, sim_a.workspace, sim_b.workspace, a.ids[r], a.hidden[r], b.ids[r], b.hidden[r],
-                             r, runtime_max, num_sms)
+                             r, runtime_max, num_sms, comm[r] if comm else None)
+
+
+def comm_streams(ep_size, on_stream=True):
+    """A communication stream per rank (``on_stream``), else None."""
+    if not on_stream:
+        return None
+    return [overlap.for_stream(torch.cuda.Stream(priority=overlap.PRIORITY)) for _ in range(ep_size)]
 
 
 def _reference(batch, runtime_max):
@@ -112,17 +127,21 @@ def _reference(batch, runtime_max):
     (4, (300, 5, 0, 129), 300, 1),  # one multiprocessor's worth: every kernel loops over its work
     (3, (64, 64, 64), 64, 3),
 ])
-def test_interleaved_micro_batches_equal_sequential(ep_size, tokens, runtime_max, num_sms):
+@pytest.mark.parametrize("on_stream", [False, True], ids=["one stream", "comm stream"])
+def test_interleaved_micro_batches_equal_sequential(ep_size, tokens, runtime_max, num_sms, on_stream):
+    """The halves on the caller's stream, or on a communication stream per rank (both kernels of each call queued
+    by its send half, the receive half a join)."""
     _load_torch_kernels()
     gen = torch.Generator().manual_seed(torch.seed())
     config = _config(ep_size, runtime_max)
     sim_a, sim_b = SimulatedRanks(config), SimulatedRanks(config)
+    comm = comm_streams(ep_size, on_stream)
     for _ in range(2):  # a second round: the epochs the split calls advance stay in step with the whole calls
         a = _batch(tokens, gen)
         b = _batch(tuple(reversed(tokens)), gen)
         want_a, want_b = _reference(a, runtime_max), _reference(b, runtime_max)
         _poison(sim_a, sim_b)
-        got = sim_a.run(lambda r: _step(config, sim_a, sim_b, a, b, r, runtime_max, num_sms))
+        got = sim_a.run(lambda r: _step(config, sim_a, sim_b, a, b, r, runtime_max, num_sms, comm))
         torch.cuda.synchronize()
         for sim in (sim_a, sim_b):  # a timeout also reads as a count of 0
             for r in range(ep_size):
@@ -202,22 +221,25 @@ def test_split_calls_equal_whole_calls(dispatch_quant, combine_quant, num_sms):
         fa.check_error(sim.workspace, r)
 
 
-def test_cuda_graph_of_interleaved_step_replays_like_eager():
-    """Each rank captures its interleaved step (two workspaces) in a graph on its own stream; replays stay in step
-    with eager whole calls through the epochs in device memory."""
+@pytest.mark.parametrize("on_stream", [False, True], ids=["one stream", "comm stream"])
+def test_cuda_graph_of_interleaved_step_replays_like_eager(on_stream):
+    """Each rank captures its interleaved step (two workspaces; on a communication stream, forked and joined inside
+    the capture) in a graph on its own stream; replays stay in step with eager whole calls through the epochs in
+    device memory."""
     _load_torch_kernels()
     gen = torch.Generator().manual_seed(torch.seed())
     ep_size, tokens, runtime_max = 2, (24, 17), 24
     config = _config(ep_size, runtime_max)
     sim_a, sim_b = SimulatedRanks(config), SimulatedRanks(config)
+    comm = comm_streams(ep_size, on_stream)
     static_a, static_b = _batch(tokens, gen), _batch(tokens, gen)
-    sim_a.run(lambda r: _step(config, sim_a, sim_b, static_a, static_b, r, runtime_max))
+    sim_a.run(lambda r: _step(config, sim_a, sim_b, static_a, static_b, r, runtime_max, comm=comm))
     torch.cuda.synchronize()
     graphs = [torch.cuda.CUDAGraph() for _ in range(ep_size)]
     outs = []
     for r in range(ep_size):
         with torch.cuda.graph(graphs[r], stream=sim_a.streams[r]):
-            outs.append(_step(config, sim_a, sim_b, static_a, static_b, r, runtime_max)[:2])
+            outs.append(_step(config, sim_a, sim_b, static_a, static_b, r, runtime_max, comm=comm)[:2])
     torch.cuda.synchronize()
     for _ in range(20):
         a, b = _batch(tokens, gen), _batch(tokens, gen)

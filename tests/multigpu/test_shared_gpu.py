@@ -19,3 +19,11 @@ def test_push_on_one_gpu(launcher, nproc):
     for check in checks:
         for rank in range(nproc):
             assert f"CHECK {check} rank {rank} ok" in out, out[-6000:]
+
+
+def test_overlap_on_communication_streams_on_one_gpu():
+    """The overlapped step with its halves on communication streams, two processes on one GPU: bitwise the serial
+    step, eager, in a CUDA graph and compiled."""
+    out = _launch("torchrun", 2, ["comm_stream"], extra_env={"FLASHINFER_A2A_TEST_SHARED_GPU": "1"})
+    for rank in range(2):
+        assert f"CHECK comm_stream rank {rank} ok" in out, out[-6000:]
