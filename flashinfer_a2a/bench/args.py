@@ -140,9 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="what docs/measurements/link_floor.py --json measured on these GPUs: prints each row of "
                              "this package as a multiple of the floor of its step")
     parser.add_argument("--overlap", action="store_true",
-                        help="time dual-batch overlap instead: two micro-batches on two workspaces, a bf16 GEMM of "
-                             "[tokens, hidden] x [hidden, 2048] between each send and its receive; reports a2a alone, "
-                             "GEMM alone and both interleaved")
+                        help="time dual-batch overlap instead: two micro-batches on two workspaces, each with an "
+                             "expert stage (DeepSeek-V3 grouped GEMMs on the received tokens) and a dense GEMM stage; "
+                             "reports the a2a alone, the stage alone, serial and interleaved with the split halves on "
+                             "a communication stream (docs/overlap.md)")
     return parser
 
 
