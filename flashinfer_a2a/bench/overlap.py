@@ -42,7 +42,6 @@ from .timing import RankSteps, time_loop
 
 LOOPS = ("a2a", "compute", "serial", "interleaved")
 STAGES = ("experts", "dense")
-CALLS = ("dispatch", "combine", "dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
 
 
 class _MicroBatch:
@@ -73,7 +72,8 @@ class _MicroBatch:
         return self.sim.workspace if self.sim is not None else self.moe.workspace
 
     def calls(self, rank: int, ids: torch.Tensor, payloads: Sequence[torch.Tensor]) -> dict[str, Callable]:
-        """The calls of :data:`CALLS`; ``dispatch`` returns ``(recv_payloads, recv_counts)``."""
+        """``dispatch``, ``combine`` (whole) and ``dispatch_send``, ``dispatch_recv``, ``combine_send``,
+        ``combine_recv`` (on the communication stream); ``dispatch`` returns ``(recv_payloads, recv_counts)``."""
         tokens = ids.shape[0]
         out = torch.empty(tokens, self.hidden, dtype=self.dtype, device=self.session.device)
         if self.moe is not None:
