@@ -36,7 +36,8 @@ def dispatch(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, top
              payloads: Sequence[torch.Tensor], runtime_max_tokens_per_rank: int, num_experts: int, *,
              timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
              global_scale: Optional[torch.Tensor | float] = None, swizzled_scales: bool = False,
-             debug: Optional[bool] = None, num_sms: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
+             debug: Optional[bool] = None, num_sms: int = 0,
+             one_gpu_per_rank: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sends each local token to every distinct rank that owns one of its top-k experts.
 
     Args:
@@ -61,6 +62,8 @@ def dispatch(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, top
             ``[ep_size, runtime_max, cols]`` row-major (``cols = ceil(hidden / block)``). Scales of rows past
             ``recv_counts`` are unspecified; padding columns of valid rows are 0.
         num_sms: size the grid for at most this many multiprocessors (0: all), leaving the rest to other work.
+        one_gpu_per_rank: promise that no two ranks share a GPU (true across processes, false for simulated ranks):
+            the kernel then lets the stream's next kernel launch early, as combine's do.
 
     Returns:
         ``(recv_payloads, recv_counts)``: for each payload a zero-copy view ``[ep_size, runtime_max, ...]`` of the
@@ -70,7 +73,7 @@ def dispatch(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, top
     recv_counts = dispatch_counts(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
                                   num_experts, timeout_s=timeout_s, quant_format=quant_format,
                                   global_scale=global_scale, swizzled_scales=swizzled_scales, debug=debug,
-                                  num_sms=num_sms)
+                                  num_sms=num_sms, one_gpu_per_rank=one_gpu_per_rank)
     views = recv_views(workspace, ep_rank, config, runtime_max_tokens_per_rank, payloads, quant_format=quant_format,
                        swizzled_scales=swizzled_scales)
     return views, recv_counts
@@ -81,12 +84,13 @@ def dispatch_counts(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConf
                     timeout_s: Optional[float] = None, recv_counts: Optional[torch.Tensor] = None,
                     quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
                     swizzled_scales: bool = False, debug: Optional[bool] = None, num_sms: int = 0,
-                    phase: int = 0, launch: Optional[Callable[..., None]] = None) -> torch.Tensor:
+                    phase: int = 0, one_gpu_per_rank: bool = False,
+                    launch: Optional[Callable[..., None]] = None) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any. ``num_sms``: size the grid for at most this many
-    multiprocessors (0: all). ``phase=1`` sends only (see :mod:`flashinfer_a2a.split_phase`). ``launch``: what
-    launches the op (default :func:`flashinfer_a2a.library.ops.dispatch`; a communication stream's form,
-    :meth:`flashinfer_a2a.transports.overlap.CommStream.op`)."""
+    multiprocessors (0: all). ``phase=1`` sends only (see :mod:`flashinfer_a2a.split_phase`). ``one_gpu_per_rank``:
+    as for :func:`dispatch`. ``launch``: what launches the op (default :func:`flashinfer_a2a.library.ops.dispatch`;
+    a communication stream's form, :meth:`flashinfer_a2a.transports.overlap.CommStream.op`)."""
     fmt = check_dispatch_call(topk_ids, payloads, runtime_max_tokens_per_rank, quant_format)
     debug = debug_enabled(debug)
     if debug:
@@ -96,7 +100,7 @@ def dispatch_counts(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConf
     (launch or ops.dispatch)(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
                              runtime_max_tokens_per_rank, num_experts, _config.timeout_or_default(timeout_s),
                              0 if fmt is None else fmt.code, global_scale_tensor(global_scale, workspace),
-                             swizzled_scales, phase, num_sms)
+                             swizzled_scales, phase, num_sms, one_gpu_per_rank)
     if debug:
         debug_check(workspace, ep_rank, True)
     return recv_counts

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashinfer_a2a as fa
 from flashinfer_a2a.library import constants
-from flashinfer_a2a.library.combine_mode import COMBINE_MODES, combine_mode_code, pushed_wires
+from flashinfer_a2a.library.combine_mode import COMBINE_MODES, PUSH_MIN_TOKENS, combine_mode_code, pushed_wires
 from flashinfer_a2a.functional import empty_workspace
 from flashinfer_a2a.moe_alltoall import MoeAlltoAll
 from flashinfer_a2a.transports.nvlink import NvlinkTransport
@@ -94,8 +94,15 @@ def test_moe_alltoall_pushes_only_where_asked(push_combine, combine_format, one_
     a2a = MoeAlltoAll.__new__(MoeAlltoAll)  # the mode needs no workspace: only the construction's choices
     a2a._transport = NvlinkTransport.__new__(NvlinkTransport)
     a2a._transport.pushed_wires = pushed_wires(push_combine, combine_format)
-    a2a._transport.shared = types.SimpleNamespace(allocation=types.SimpleNamespace(one_gpu_per_rank=one_gpu_per_rank))
+    a2a._transport.shared = types.SimpleNamespace(allocation=types.SimpleNamespace(one_gpu_per_rank=one_gpu_per_rank),
+                                                  pending=None, config=types.SimpleNamespace(max_num_tokens=8192))
     assert {wire: a2a.combine_mode(wire) for wire in want} == want
+    # Plain partials are pushed from PUSH_MIN_TOKENS tokens per rank only; the FP8 wire at every size.
+    small = {wire: a2a.combine_mode(wire, PUSH_MIN_TOKENS - 1) for wire in want}
+    assert small == {None: "pull", "fp8_block": want["fp8_block"]}
+    assert {wire: a2a.combine_mode(wire, PUSH_MIN_TOKENS) for wire in want} == want
+    a2a._transport.shared.pending = (10, 16, None)  # a pending dispatch of runtime_max 16: its size decides
+    assert a2a.combine_mode() == "pull"
     with pytest.raises(ValueError, match="combine quant_format must be None or 'fp8_block', got 'nvfp4'"):
         a2a.combine_mode("nvfp4")
 

@@ -44,6 +44,22 @@ def check_combine_mode_code(combine_mode: int, one_gpu_per_rank: bool, hidden: i
                          f"partial and its landing row), the workspace was sized for {combine_bytes_per_token}")
 
 
+#: Plain partials (no FP8 wire) are pushed only from this many tokens per rank (the call's ``runtime_max``): below
+#: it the pulled combine is the faster one. Pair of the slowest rank in graph mode, pulled / pushed: 2xH200 (2026-11-26)
+#: 2048 tokens 185.0 / 190.3 us, 4096 tokens 353.7 / 350.8, 8192 tokens 690.0 / 673.0; 2xH100 1024 tokens 104.8 /
+#: 113.0, 128 tokens 26.4 / 34.6. The FP8 wire keeps the mode asked for at every size (not measured apart).
+PUSH_MIN_TOKENS = 4096
+
+
+def chosen_mode(quant_format: Optional[str], pushed: frozenset, one_gpu_per_rank: bool, runtime_max: int) -> str:
+    """``"push"`` or ``"pull"`` for a combine of ``quant_format`` after a dispatch of ``runtime_max`` tokens per rank,
+    by a workspace that pushes the wires ``pushed`` (:func:`pushed_wires`). Every rank decides alike: the inputs are
+    the construction's and the call's ``runtime_max``, the same on every rank."""
+    if quant_format not in pushed or not one_gpu_per_rank:
+        return "pull"
+    return "push" if quant_format is not None or runtime_max >= PUSH_MIN_TOKENS else "pull"
+
+
 def pushed_wires(push_combine: bool, combine_format: Optional[str]) -> frozenset:
     """The combine wires (None: the partials' dtype, ``"fp8_block"``) a MoeAlltoAll built with these arguments
     pushes when every rank has a GPU of its own: ``push_combine`` sizes room for both, ``combine_format`` for its

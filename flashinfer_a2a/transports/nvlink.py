@@ -20,7 +20,7 @@ import torch
 from .. import functional as F
 from .. import split_phase
 from ..comm import Communicator
-from ..library.combine_mode import combine_mode_code
+from ..library.combine_mode import chosen_mode, combine_mode_code
 from ..library.constants import SPLIT_RECV, SPLIT_SEND
 from ..library.errors import debug_checks_due
 from ..library.wire_formats import check_combine_format
@@ -94,7 +94,8 @@ class NvlinkTransport:
         phase = SPLIT_SEND if call == "dispatch_send" else 0
         on_stream = self.comm_stream if phase else None
         if torch.compiler.is_compiling():
-            launch, extra = (split_phase.dispatch_send, {"comm_stream": on_stream}) if phase else (F.dispatch, {})
+            launch, extra = ((split_phase.dispatch_send, {"comm_stream": on_stream}) if phase else
+                             (F.dispatch, {"one_gpu_per_rank": self.allocation.one_gpu_per_rank}))
             recv, counts = launch(self.workspace, self.comm.rank, self.config, topk_ids, payloads, runtime_max,
                                   self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
                                   global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self.debug,
@@ -136,9 +137,12 @@ class NvlinkTransport:
             return F.combine_input(self.workspace, self.comm.rank, self.config, runtime_max, hidden, dtype)
         return self.eager().combine_input(runtime_max, hidden, dtype)  # eager calls get the same view each time
 
-    def combine_mode(self, quant_format: Optional[str] = None) -> str:
+    def combine_mode(self, quant_format: Optional[str] = None, runtime_max: Optional[int] = None) -> str:
         check_combine_format(quant_format, "combine quant_format")
-        return "push" if quant_format in self.pushed_wires and self.allocation.one_gpu_per_rank else "pull"
+        if runtime_max is None:  # the pending dispatch's, else the largest
+            pending = self.shared.pending if self.shared is not None else None
+            runtime_max = pending[1] if pending is not None else self.config.max_num_tokens
+        return chosen_mode(quant_format, self.pushed_wires, self.allocation.one_gpu_per_rank, runtime_max)
 
     def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype,
                 timeout_s: float, quant_format: Optional[str]) -> torch.Tensor:
@@ -151,7 +155,8 @@ class NvlinkTransport:
             result = F.combine(self.workspace, self.comm.rank, self.config, counts, num_tokens, runtime_max, partials,
                                out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s,
                                one_gpu_per_rank=self.allocation.one_gpu_per_rank, quant_format=quant_format,
-                               combine_mode=self.combine_mode(quant_format), debug=self.debug, num_sms=self.num_sms)
+                               combine_mode=self.combine_mode(quant_format, runtime_max), debug=self.debug,
+                               num_sms=self.num_sms)
         shared.pending = None
         shared.order.advance("combine")
         return result
@@ -214,10 +219,10 @@ class NvlinkTransport:
         calls = self.shared.eager_calls.get(self.instance)
         if calls is None:
             shared = self.shared
-            modes = {q: combine_mode_code(self.combine_mode(q)) for q in (None, "fp8_block")}
             calls = shared.eager_calls[self.instance] = EagerCalls(
                 shared.tensor, self.recv_counts, self.comm.rank, shared.config, self.num_experts, self.num_sms,
-                shared.one_gpu_per_rank, modes, self.debug)
+                shared.one_gpu_per_rank, lambda q, runtime_max: combine_mode_code(self.combine_mode(q, runtime_max)),
+                self.debug)
         return calls
 
     def _eager_step(self, counts: torch.Tensor) -> bool:

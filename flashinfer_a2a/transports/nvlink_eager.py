@@ -11,7 +11,7 @@ combine input are made once per shape. Calls that torch.compile traces go throug
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -29,15 +29,16 @@ class EagerCalls:
     """One MoeAlltoAll's eager launches on one workspace allocation (made again when the workspace moves).
 
     Args:
-        combine_modes: the ``combine`` op's mode code for each combine ``quant_format`` (None, ``"fp8_block"``).
+        combine_mode: the ``combine`` op's mode code for a combine ``quant_format`` (None, ``"fp8_block"``) after a
+            dispatch of ``runtime_max`` tokens per rank: ``combine_mode(quant_format, runtime_max)``.
         debug: check the ids on the host before a dispatch and the error record after each call (slow).
     """
 
     def __init__(self, workspace: torch.Tensor, recv_counts: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig,
-                 num_experts: int, num_sms: int, one_gpu_per_rank: bool, combine_modes: dict[Optional[str], int],
+                 num_experts: int, num_sms: int, one_gpu_per_rank: bool, combine_mode: Callable[[Optional[str], int], int],
                  debug: bool) -> None:
         self.workspace, self.config, self.ep_rank, self.num_experts = workspace, config, ep_rank, num_experts
-        self.device, self.combine_modes, self.debug = workspace.device, combine_modes, debug
+        self.device, self.combine_mode, self.debug = workspace.device, combine_mode, debug
         self._dispatch, self._dispatch_recv, self._combine = ops.bind_eager_calls(
             workspace, recv_counts, ep_rank, config.sizes(), num_experts, num_sms, one_gpu_per_rank)
         self._views: dict[tuple, list[torch.Tensor]] = {}
@@ -110,7 +111,7 @@ class EagerCalls:
             out = F.combine_output(self.workspace, num_tokens, partials, out, hidden, dtype)
         if quant_format is not None:
             check_combine_format(quant_format, "combine quant_format")
-        mode = COMBINE_PULL if phase else self.combine_modes[quant_format]
+        mode = COMBINE_PULL if phase else self.combine_mode(quant_format, runtime_max)
         try:
             self._combine(partials, out, runtime_max, timeout_s, 0 if quant_format is None else 1, mode, phase)
         except (TypeError, ValueError) as exc:  # refused before any launch

@@ -10,6 +10,7 @@ import flashinfer_a2a as fa
 from flashinfer_a2a import reference as ref
 from flashinfer_a2a.moe_alltoall import MoeAlltoAll
 from flashinfer_a2a.reference import quant as q
+from flashinfer_a2a.library import combine_mode as combine_mode_rules
 from flashinfer_a2a.library.wire_formats import push_combine_bytes_per_token
 
 from .common import SHARED_GPU, combine_partials, expect_timeout, make_inputs, shared_seed
@@ -20,7 +21,10 @@ PUSH_CASES = ((torch.bfloat16, 2048, None), (torch.float16, 1026, None), (torch.
 
 
 def _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens, *, sized=True) -> MoeAlltoAll:
-    """A workspace sized for the pushed combine over `wire` (or, not `sized`, for the pulled one)."""
+    """A workspace sized for the pushed combine over `wire` (or, not `sized`, for the pulled one). Plain partials
+    are pushed from PUSH_MIN_TOKENS tokens per rank only (below, pulling is faster): these small cases push at every
+    size, so that the pushed path is what they check."""
+    combine_mode_rules.PUSH_MIN_TOKENS = 0
     a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * comm.size, hidden_size=hidden,
                       dtype=dtype, combine_format=wire if sized else None, push_combine=sized and wire is None)
     if SHARED_GPU:
