@@ -52,6 +52,17 @@ tvm::ffi::Function BindCombine(Tensor workspace, Tensor recv_counts, int64_t ep_
                                int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
                                int64_t combine_bytes_per_token, bool one_gpu_per_rank, int64_t num_sms);
 void SanitizeExpertIds(TensorView recv_topk_ids, TensorView recv_counts, int64_t invalid_id);
+// nccl.cu: the nccl transport's kernels
+Array<int64_t> GetNcclWireLayout(int64_t ep_size, int64_t runtime_max_tokens_per_rank, int64_t quant_format,
+                                 int64_t quant_hidden, bool swizzled_scales, Array<int64_t> payload_row_bytes);
+void NcclPack(TensorView send, TensorView topk_ids, Array<Tensor> payloads, int64_t ep_size,
+              int64_t runtime_max_tokens_per_rank, int64_t num_experts, int64_t quant_format,
+              Optional<Tensor> global_scale, bool swizzled_scales);
+void NcclSelect(TensorView gathered, Array<Tensor> recv, TensorView recv_counts, int64_t ep_rank,
+                int64_t runtime_max_tokens_per_rank, int64_t quant_format, int64_t quant_hidden, bool swizzled_scales);
+void NcclCombineWire(TensorView wire, TensorView partials, TensorView recv_counts, int64_t ep_rank);
+void NcclCombineSum(TensorView out, TensorView returned, TensorView send, TensorView partials, int64_t ep_rank,
+                    bool fp8_wire);
 
 }  // namespace flashinfer_a2a
 
@@ -67,3 +78,8 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(bind_dispatch_recv, flashinfer_a2a::BindDispatchRe
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(combine, flashinfer_a2a::Combine);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(bind_combine, flashinfer_a2a::BindCombine);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sanitize_expert_ids, flashinfer_a2a::SanitizeExpertIds);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_nccl_wire_layout, flashinfer_a2a::GetNcclWireLayout);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(nccl_pack, flashinfer_a2a::NcclPack);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(nccl_select, flashinfer_a2a::NcclSelect);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(nccl_combine_wire, flashinfer_a2a::NcclCombineWire);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(nccl_combine_sum, flashinfer_a2a::NcclCombineSum);

@@ -24,32 +24,6 @@ int64_t RowBytes(const TensorView& t) {
   return row;
 }
 
-// The quantization a dispatch asks for, checked: payloads[0] bf16|fp16 [num_tokens, hidden], and a global scale
-// exactly when the format is NVFP4.
-QuantRequest CheckQuantRequest(QuantFormat format, const tvm::ffi::Array<tvm::ffi::Tensor>& payloads,
-                               const tvm::ffi::Optional<tvm::ffi::Tensor>& global_scale, const TensorView& workspace,
-                               bool swizzled_scales) {
-  int64_t hidden = 0;
-  if (format != QuantFormat::kNone) {
-    A2A_CHECK(!payloads.empty() && TensorView(payloads[0]).ndim() == 2 &&
-                      (IsDType(payloads[0], kDLBfloat, 16) || IsDType(payloads[0], kDLFloat, 16)),
-                  TypeError)
-        << "payloads[0] (the hidden states to quantize) must be [num_tokens, hidden] bfloat16 or float16";
-    hidden = TensorView(payloads[0]).size(1);
-  }
-  const bool nvfp4 = format == QuantFormat::kNvfp4;
-  A2A_CHECK(global_scale.has_value() == nvfp4, ValueError)
-      << (nvfp4 ? "quant_format nvfp4 needs global_scale" : "global_scale is only used by quant_format nvfp4");
-  if (nvfp4) {
-    const tvm::ffi::Tensor gs_tensor = global_scale.value();
-    const TensorView gs = gs_tensor;
-    A2A_CHECK(IsDType(gs, kDLFloat, 32) && gs.numel() == 1, ValueError)
-        << "global_scale must be a float32 tensor of one element";
-    CheckSameDevice(gs, workspace, "global_scale", "workspace");
-  }
-  return MakeQuantRequest(format, hidden, swizzled_scales);
-}
-
 // `value` placed in `field` of a call-layout fingerprint, folded by XOR to the field's width.
 uint64_t PackField(uint64_t value, const CallLayoutField& field) {
   const uint64_t mask = field.bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << field.bits) - 1;
@@ -180,8 +154,8 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
         << "payloads[" << p << "] must be on the same device as workspace";
     rows.push_back(RowBytes(payload));
   }
-  const QuantRequest quant = CheckQuantRequest(ToQuantFormat(quant_format), payloads, global_scale, workspace,
-                                               swizzled_scales);
+  const QuantRequest quant = CheckQuantPayload(ToQuantFormat(quant_format), payloads, global_scale, workspace,
+                                               "workspace", swizzled_scales);
   const bool quantize = quant.format != QuantFormat::kNone;
   const RecvRegions regions = PlanRecvRegions(config, layout, runtime_max_tokens_per_rank, rows, quant);
   const int max_blocks = DispatchMaxBlocks(quant.format, SmBudget(num_sms, workspace.device().device_id));

@@ -1,6 +1,10 @@
 // Host-side workspace configuration shared by the entry points: validated construction of WorkspaceConfig.
 #pragma once
 
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/optional.h>
+
 #include <flashinfer_a2a/workspace_layout.cuh>
 
 #include "common.h"
@@ -61,6 +65,32 @@ inline QuantRequest MakeQuantRequest(QuantFormat format, int64_t hidden, bool sw
   A2A_CHECK(!swizzled || q.format != QuantFormat::kFp8Block, ValueError)
       << "swizzled_scales needs one-byte scales (mxfp8 or nvfp4); fp8_block scales are fp32";
   return q;
+}
+
+// The quantization a dispatch (or the nccl transport's pack) asks for, checked: payloads[0] bf16|fp16 [num_tokens,
+// hidden], and a float32 global scale of one element, on ref's device, exactly when the format is NVFP4.
+inline QuantRequest CheckQuantPayload(QuantFormat format, const tvm::ffi::Array<tvm::ffi::Tensor>& payloads,
+                                      const tvm::ffi::Optional<tvm::ffi::Tensor>& global_scale, const TensorView& ref,
+                                      const char* ref_name, bool swizzled_scales) {
+  int64_t hidden = 0;
+  if (format != QuantFormat::kNone) {
+    A2A_CHECK(!payloads.empty() && TensorView(payloads[0]).ndim() == 2 &&
+                  (IsDType(payloads[0], kDLBfloat, 16) || IsDType(payloads[0], kDLFloat, 16)),
+              TypeError)
+        << "payloads[0] (the hidden states to quantize) must be [num_tokens, hidden] bfloat16 or float16";
+    hidden = TensorView(payloads[0]).size(1);
+  }
+  const bool nvfp4 = format == QuantFormat::kNvfp4;
+  A2A_CHECK(global_scale.has_value() == nvfp4, ValueError)
+      << (nvfp4 ? "quant_format nvfp4 needs global_scale" : "global_scale is only used by quant_format nvfp4");
+  if (nvfp4) {
+    const tvm::ffi::Tensor gs_tensor = global_scale.value();
+    const TensorView gs = gs_tensor;
+    A2A_CHECK(IsDType(gs, kDLFloat, 32) && gs.numel() == 1, ValueError)
+        << "global_scale must be a float32 tensor of one element";
+    CheckSameDevice(gs, ref, "global_scale", ref_name);
+  }
+  return MakeQuantRequest(format, hidden, swizzled_scales);
 }
 
 // The receive regions of one dispatch: one per payload, except that a quantized first payload arrives as two

@@ -10,8 +10,10 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 
 # The C++ functions behind the ops that have fakes (initialize, get_workspace_size, dispatch, dispatch_recv, combine,
-# sanitize_expert_ids: csrc/a2a_binding.cu).
-ENTRIES = ("Initialize", "GetWorkspaceSize", "Dispatch", "DispatchRecv", "Combine", "SanitizeExpertIds")
+# sanitize_expert_ids, and the nccl transport's nccl_pack, nccl_select, nccl_combine_wire, nccl_combine_sum:
+# csrc/a2a_binding.cu).
+ENTRIES = ("Initialize", "GetWorkspaceSize", "Dispatch", "DispatchRecv", "Combine", "SanitizeExpertIds", "NcclPack",
+           "NcclSelect", "NcclCombineWire", "NcclCombineSum")
 
 # A function definition: a line at column 0 with a return type, the name and "(" (csrc follows Google style: no
 # indentation inside namespaces). Declarations match too and add nothing.

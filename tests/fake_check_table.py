@@ -65,6 +65,10 @@ def valid_args(op: str, sizes: dict, given: dict) -> dict:
 
     if op == "get_workspace_size":
         return dict(sizes)
+    if op.startswith("nccl_"):
+        from .fake_check_table_nccl import valid_args as nccl_valid_args
+
+        return nccl_valid_args(op, sizes, given)
     if op == "sanitize_expert_ids":
         return dict(recv_topk_ids=arg("recv_topk_ids", lambda: ids(2, 16, 4)), recv_counts=arg("recv_counts", counts),
                     invalid_id=given.get("invalid_id", -1))
@@ -306,7 +310,8 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
     'Dispatch: CheckSameDevice(topk_ids, workspace, "topk_ids", "workspace")':
         Bad("dispatch", lambda: dict(topk_ids=ids(5, 4, device="cpu")), ValueError, "topk_ids must be on the same"),
     "Dispatch: TimeoutNs(timeout_s)": Bad("dispatch", lambda: dict(timeout_s=-1.0), ValueError, "timeout_s"),
-    "Dispatch: CheckQuantRequest(ToQuantFormat(quant_format), payloads, global_scale, workspace, swizzled_scales)":
+    'Dispatch: CheckQuantPayload(ToQuantFormat(quant_format), payloads, global_scale, workspace, "workspace", '
+    'swizzled_scales)':
         Bad("dispatch", lambda: quantizing(3, global_scale=None), ValueError, "quant_format nvfp4 needs global_scale"),
     "Dispatch: ToQuantFormat(quant_format)": Bad("dispatch", lambda: dict(quant_format=4), ValueError, "quant_format"),
     "Dispatch: PlanRecvRegions(config, layout, runtime_max_tokens_per_rank, rows, quant)":
@@ -316,27 +321,27 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
     "ToQuantFormat: format >= 0 && format <= 3": (
         Bad("dispatch", lambda: dict(quant_format=5), ValueError, r"quant_format must be 0 \(none\)"),
         Bad("dispatch", lambda: dict(quant_format=-1), ValueError, "quant_format must be 0")),
-    "CheckQuantRequest: !payloads.empty() && TensorView(payloads[0]).ndim() == 2 && "
+    "CheckQuantPayload: !payloads.empty() && TensorView(payloads[0]).ndim() == 2 && "
     "(IsDType(payloads[0], kDLBfloat, 16) || IsDType(payloads[0], kDLFloat, 16))": (
         Bad("dispatch", lambda: quantizing(1, payloads=[]), TypeError,
             r"payloads\[0\] \(the hidden states to quantize"),
         Bad("dispatch", lambda: quantizing(2, payloads=[rows(5, 2, 128)]), TypeError, r"payloads\[0\] \(the hidden"),
         Bad("dispatch", lambda: quantizing(1, payloads=[rows(5, 256, dtype=torch.float32)]), TypeError,
             "bfloat16 or float16")),
-    "CheckQuantRequest: global_scale.has_value() == nvfp4": (
+    "CheckQuantPayload: global_scale.has_value() == nvfp4": (
         Bad("dispatch", lambda: quantizing(3, global_scale=None), ValueError, "nvfp4 needs global_scale"),
         Bad("dispatch", lambda: quantizing(2, global_scale=tensor(torch.float32, (1,))), ValueError,
             "global_scale is only used by quant_format nvfp4"),
         Bad("dispatch", lambda: dict(global_scale=tensor(torch.float32, (1,))), ValueError, "only used by")),
-    "CheckQuantRequest: IsDType(gs, kDLFloat, 32) && gs.numel() == 1": (
+    "CheckQuantPayload: IsDType(gs, kDLFloat, 32) && gs.numel() == 1": (
         Bad("dispatch", lambda: quantizing(3, global_scale=tensor(torch.float16, (1,))), ValueError,
             "global_scale must be a float32 tensor of one element"),
         Bad("dispatch", lambda: quantizing(3, global_scale=tensor(torch.float32, (2,))), ValueError,
             "global_scale must be a float32 tensor of one element")),
-    'CheckQuantRequest: CheckSameDevice(gs, workspace, "global_scale", "workspace")':
+    'CheckQuantPayload: CheckSameDevice(gs, ref, "global_scale", ref_name)':
         Bad("dispatch", lambda: quantizing(3, global_scale=tensor(torch.float32, (1,), "cpu")), ValueError,
             "global_scale must be on the same device as workspace"),
-    "CheckQuantRequest: MakeQuantRequest(format, hidden, swizzled_scales)":
+    "CheckQuantPayload: MakeQuantRequest(format, hidden, swizzled_scales)":
         Bad("dispatch", lambda: quantizing(2, hidden=0), ValueError, "the hidden size to quantize"),
     "MakeQuantRequest: !swizzled":
         Bad("dispatch", lambda: dict(swizzled_scales=True), ValueError, "swizzled_scales needs a quant_format"),
@@ -356,12 +361,12 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
         Bad("dispatch", lambda: quantizing(1, payloads=[rows(5, 256)] + [rows(5, 8)] * 7), ValueError,
             "at most 7 payloads")),
     "PlanRecvRegions: !quantize || num_payloads >= 1":
-        Unreachable("CheckQuantRequest refuses a quantizing dispatch without payloads[0] first (TypeError)"),
+        Unreachable("CheckQuantPayload refuses a quantizing dispatch without payloads[0] first (TypeError)"),
     "PlanRecvRegions: row >= 1": (
         Bad("dispatch", lambda: dict(payloads=[rows(5, 0)]), ValueError, r"payloads\[0\] has empty rows"),
         Bad("dispatch", lambda: dict(payloads=[rows(5, 8), ids(5, 2, 0)]), ValueError, r"payloads\[1\] has empty")),
     "PlanRecvRegions: row == 2 * quant.hidden":
-        Unreachable("CheckQuantRequest takes hidden from payloads[0], which it requires to be 2-D bf16|fp16"),
+        Unreachable("CheckQuantPayload takes hidden from payloads[0], which it requires to be 2-D bf16|fp16"),
     "PlanRecvRegions: token_bytes <= config.dispatch_bytes_per_token": (
         Bad("dispatch", lambda: dict(payloads=[rows(5, 2049)]), ValueError, "payloads need 4098 bytes per token"),
         Bad("dispatch", lambda: dict(payloads=[rows(5, 2048), ids(5, 4)]), ValueError, "payloads need 4112 bytes"),
@@ -467,6 +472,11 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
         Bad("sanitize_expert_ids", lambda: dict(recv_counts=counts(device="cpu")), ValueError,
             "recv_counts must be on the same device as recv_topk_ids")),
 }
+
+
+from .fake_check_table_nccl import TABLE as _NCCL_TABLE  # noqa: E402 (it builds on the helpers above)
+
+TABLE.update(_NCCL_TABLE)
 
 
 def cases() -> list:

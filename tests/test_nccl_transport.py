@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from flashinfer_a2a import MoeAlltoAll
-from flashinfer_a2a.transports.nccl import _pack_bits, check_transport, process_group_of, rank_mask, resolve_transport
+from flashinfer_a2a.library.nccl_wire import make_wire
+from flashinfer_a2a.transports.nccl import check_transport, process_group_of, resolve_transport
+from flashinfer_a2a.transports.nccl_torch import mask_planes, rank_mask, unpack_mask
 from flashinfer_a2a.reference import random_topk_ids, token_rank_mask
 
 from .nccl_workers import spawn_gloo
@@ -38,13 +40,17 @@ def test_rank_mask_skips_out_of_range_ids():
 
 
 @pytest.mark.parametrize("ep_size", [1, 7, 8, 9, 72])
-def test_pack_bits(ep_size):
+def test_mask_planes(ep_size):
+    """Rank r of token t at bit r % 8 of byte t of plane r // 8; bytes past the tokens 0; unpacked back."""
     mask = torch.rand(50, ep_size, generator=torch.Generator().manual_seed(ep_size)) < 0.5
-    packed = _pack_bits(mask)
-    assert packed.shape == (50, -(-ep_size // 8)) and packed.dtype == torch.uint8
+    wire = make_wire(ep_size, 57, [])
+    planes = mask_planes(mask, wire.plane_stride)
+    assert planes.shape == (-(-ep_size // 8), 64) and planes.dtype == torch.uint8
     for r in range(ep_size):
-        assert torch.equal(((packed[:, r // 8] >> (r % 8)) & 1).bool(), mask[:, r])
-    assert _pack_bits(mask[:0]).shape == (0, -(-ep_size // 8))
+        assert torch.equal(((planes[r // 8, :50] >> (r % 8)) & 1).bool(), mask[:, r])
+    assert not planes[:, 50:].any()
+    assert torch.equal(unpack_mask(planes.flatten(), wire, 50), mask)
+    assert mask_planes(mask[:0], 0).shape == (-(-ep_size // 8), 0)
 
 
 def test_transport_argument():

@@ -10,7 +10,7 @@ from . import toolchain
 from .spec import JitSpec
 
 #: Sources of ``flashinfer_a2a_ops``, relative to ``csrc/``; ``a2a_binding.cu`` holds every exported function.
-A2A_SOURCES = ("a2a_binding.cu", "workspace.cu", "dispatch.cu", "combine.cu")
+A2A_SOURCES = ("a2a_binding.cu", "workspace.cu", "dispatch.cu", "combine.cu", "nccl.cu")
 
 
 def gen_a2a_module() -> JitSpec:

@@ -17,9 +17,10 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .combine_mode import check_combine_mode_code
-from .constants import (FP8_WIRE_HIDDEN_MULTIPLE, FP8_WIRE_MAX_HIDDEN, MAX_PAYLOADS, MAX_TIMEOUT_S,
-                        QUANT_FORMAT_CODES, check_sizes)
-from .wire_formats import WIRE_FORMATS, WireFormat, wire_format
+from .constants import (FP8_WIRE_HIDDEN_MULTIPLE, FP8_WIRE_MAX_HIDDEN, MAX_EP_SIZE, MAX_NUM_TOKENS_LIMIT, MAX_PAYLOADS,
+                        MAX_TIMEOUT_S, MAX_TOP_K, QUANT_FORMAT_CODES, check_sizes)
+from .nccl_wire import WIRE_ALIGN, NcclWire, dispatch_wire, quant_row_bytes
+from .wire_formats import WIRE_FORMATS, WireFormat, fp8_wire_row_bytes, wire_format
 
 _IDS = (torch.int32, torch.int64)
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -184,8 +185,7 @@ def check_dispatch_args(workspace: torch.Tensor, topk_ids: torch.Tensor, payload
         raise ValueError(f"num_experts must be in [1, 2^31), got {num_experts}")
     _check_counts(recv_counts, ep_size, workspace)
     _check_timeout(timeout_s)
-    if quant_format not in QUANT_FORMAT_CODES:
-        raise ValueError(f"quant_format must be 0 (none), 1 (fp8_block), 2 (mxfp8) or 3 (nvfp4), got {quant_format}")
+    _check_quant_format(quant_format)
     most = MAX_PAYLOADS - (quant_format != 0)
     if len(payloads) > most:
         raise ValueError(f"at most {most} payloads per dispatch, got {len(payloads)}")
@@ -199,9 +199,16 @@ def check_dispatch_args(workspace: torch.Tensor, topk_ids: torch.Tensor, payload
     _check_payload_bytes(payloads, sizes, runtime_max, quant_format, swizzled_scales)
 
 
+def _check_quant_format(quant_format: int) -> None:
+    """``ToQuantFormat`` (csrc/workspace.h)."""
+    if quant_format not in QUANT_FORMAT_CODES:
+        raise ValueError(f"quant_format must be 0 (none), 1 (fp8_block), 2 (mxfp8) or 3 (nvfp4), got {quant_format}")
+
+
 def _check_quant_request(payloads: Sequence[torch.Tensor], quant_format: int, global_scale: Optional[torch.Tensor],
-                         swizzled_scales: bool, workspace: torch.Tensor) -> None:
-    """``CheckQuantRequest`` (csrc/dispatch.cu) and ``MakeQuantRequest`` (csrc/workspace.h)."""
+                         swizzled_scales: bool, ref: torch.Tensor, ref_name: str = "workspace") -> None:
+    """``CheckQuantPayload`` and ``MakeQuantRequest`` (csrc/workspace.h); ``ref``: the tensor whose device the
+    global scale must be on."""
     wire = _WIRES.get(quant_format)
     if wire is not None:
         if not payloads or payloads[0].dim() != 2 or payloads[0].dtype not in (torch.bfloat16, torch.float16):
@@ -215,12 +222,16 @@ def _check_quant_request(payloads: Sequence[torch.Tensor], quant_format: int, gl
         if global_scale.dtype != torch.float32 or global_scale.numel() != 1:
             raise ValueError(f"global_scale must be a float32 tensor of one element, got {global_scale.dtype} "
                              f"{tuple(global_scale.shape)}")
-        _check_same_device(global_scale, workspace, "global_scale", "workspace")
+        _check_same_device(global_scale, ref, "global_scale", ref_name)
+    _check_quant_shape(wire, payloads[0].shape[1] if wire is not None else 0, swizzled_scales)
+
+
+def _check_quant_shape(wire: Optional[WireFormat], hidden: int, swizzled_scales: bool) -> None:
+    """``MakeQuantRequest`` (csrc/workspace.h): what quantizing ``hidden`` elements into ``wire`` allows."""
     if wire is None:
         if swizzled_scales:
             raise ValueError("swizzled_scales needs a quant_format")
         return
-    hidden = payloads[0].shape[1]
     if not 1 <= hidden < _MAX_QUANT_HIDDEN:
         raise ValueError(f"the hidden size to quantize must be in [1, 2^30), got {hidden}")
     if swizzled_scales and wire.name == "fp8_block":
@@ -316,6 +327,196 @@ def check_sanitize_args(recv_topk_ids: torch.Tensor, recv_counts: torch.Tensor, 
     _check_counts(recv_counts, recv_topk_ids.shape[0], recv_topk_ids, "recv_topk_ids")
     if recv_topk_ids.dtype == torch.int32 and not -(1 << 31) <= invalid_id < 1 << 31:
         raise ValueError(f"invalid_id={invalid_id} does not fit int32 recv_topk_ids")
+
+
+# ---- the nccl transport's kernels (csrc/nccl.cu)
+
+
+def _check_nccl_input(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    """``CheckNcclInput``: on the GPU, contiguous, on the device of ``ref``."""
+    _check_on_gpu(t, name)
+    _check_contiguous(t, name)
+    _check_same_device(t, ref, name, ref_name)
+
+
+def _check_nccl_aligned(t: torch.Tensor, name: str) -> None:
+    """``CheckNcclAligned``: what the kernels move in 16-byte vectors."""
+    if not _offset_aligned(t, WIRE_ALIGN):
+        raise ValueError(f"{name} must start on a 16-byte boundary")
+
+
+def _check_nccl_buffer(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:
+    """``CheckNcclBuffer``: a uint8 buffer of the transport's of ``shape``."""
+    if t.dtype != torch.uint8 or tuple(t.shape) != shape:
+        raise ValueError(f"{name} must be uint8 of shape [{', '.join(map(str, shape))}] (the nccl transport's "
+                         f"layout), got {t.dtype} {tuple(t.shape)}")
+
+
+def _check_nccl_sizes(ep_size: int, runtime_max: int) -> None:
+    if not 1 <= ep_size <= MAX_EP_SIZE:
+        raise ValueError(f"ep_size must be in [1, {MAX_EP_SIZE}], got {ep_size}")
+    if not 0 <= runtime_max < MAX_NUM_TOKENS_LIMIT:
+        raise ValueError(f"runtime_max_tokens_per_rank must be in [0, 2^24), got {runtime_max}")
+
+
+def _nccl_layout(ep_size: int, runtime_max: int, wire: Optional[WireFormat], hidden: int, swizzled: bool,
+                 payload_rows: Sequence[int]) -> NcclWire:
+    """``NcclLayoutOf``: the payload count, then the layout."""
+    most = MAX_PAYLOADS - (wire is not None)
+    if len(payload_rows) > most:
+        raise ValueError(f"at most {most} payloads per dispatch{' that quantizes' if wire else ''}, got "
+                         f"{len(payload_rows)}")
+    return dispatch_wire(ep_size, runtime_max, payload_rows, wire, hidden, swizzled)
+
+
+def _check_nccl_counts(recv_counts: torch.Tensor, ep_size: int, ref: torch.Tensor, ref_name: str) -> None:
+    if recv_counts.dtype != torch.int32 or recv_counts.dim() != 1 or recv_counts.shape[0] != ep_size:
+        raise ValueError(f"recv_counts must be int32 of shape [ep_size={ep_size}], got {recv_counts.dtype} "
+                         f"{tuple(recv_counts.shape)}")
+    _check_nccl_input(recv_counts, "recv_counts", ref, ref_name)
+
+
+def check_nccl_pack_args(send: torch.Tensor, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], ep_size: int,
+                         runtime_max: int, num_experts: int, quant_format: int, global_scale: Optional[torch.Tensor],
+                         swizzled_scales: bool) -> None:
+    """The checks of the C++ ``NcclPack`` entry."""
+    check_dispatch_inputs(topk_ids, payloads)
+    _check_nccl_sizes(ep_size, runtime_max)
+    _check_on_gpu(send, "send")
+    if topk_ids.dtype not in _IDS:
+        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if topk_ids.dim() != 2 or not 1 <= topk_ids.shape[1] <= MAX_TOP_K:
+        raise ValueError(f"topk_ids must be [num_tokens, top_k] with top_k in [1, {MAX_TOP_K}], got "
+                         f"{tuple(topk_ids.shape)}")
+    _check_nccl_input(topk_ids, "topk_ids", send, "send")
+    num_tokens = topk_ids.shape[0]
+    if num_tokens > runtime_max:
+        raise ValueError(f"topk_ids has {num_tokens} tokens, more than runtime_max_tokens_per_rank={runtime_max}")
+    if not 1 <= num_experts < _MAX_NUM_EXPERTS:
+        raise ValueError(f"num_experts must be in [1, 2^31), got {num_experts}")
+    _check_quant_format(quant_format)
+    _check_quant_request(payloads, quant_format, global_scale, swizzled_scales, send, "send")
+    rows = []
+    for i, p in enumerate(payloads[:MAX_PAYLOADS]):
+        if p.dim() < 1 or p.shape[0] != num_tokens:
+            raise ValueError(f"payloads[{i}] must have num_tokens={num_tokens} rows like topk_ids, got "
+                             f"{tuple(p.shape)}")
+        _check_nccl_input(p, f"payloads[{i}]", send, "send")
+        rows.append(p.element_size() * math.prod(p.shape[1:]))
+        if rows[-1] < 1:
+            raise ValueError(f"payloads[{i}] has empty rows: shape {tuple(p.shape)}")
+    rows += [1] * (len(payloads) - len(rows))  # counted, never laid out: more than the layout takes
+    wire = _WIRES.get(quant_format)
+    hidden = payloads[0].shape[1] if wire is not None else 0
+    layout = _nccl_layout(ep_size, runtime_max, wire, hidden, swizzled_scales, rows)
+    _check_nccl_buffer(send, "send", (layout.total_bytes,))
+    _check_contiguous(send, "send")
+    _check_nccl_aligned(send, "send")
+
+
+def check_nccl_select_args(gathered: torch.Tensor, recv: Sequence[torch.Tensor], recv_counts: torch.Tensor,
+                           ep_rank: int, runtime_max: int, quant_format: int, quant_hidden: int,
+                           swizzled_scales: bool) -> None:
+    """The checks of the C++ ``NcclSelect`` entry."""
+    for i, r in enumerate(recv):
+        check_tensor(r, f"recv[{i}]")
+    if gathered.device.type not in _GPU or gathered.dim() != 2:
+        raise ValueError(f"gathered must be a CUDA tensor of shape [ep_size, send bytes], got {tuple(gathered.shape)} "
+                         f"on {gathered.device}")
+    ep_size = gathered.shape[0]
+    _check_nccl_sizes(ep_size, runtime_max)
+    if not 0 <= ep_rank < ep_size:
+        raise ValueError(f"ep_rank must be in [0, ep_size={ep_size}), got {ep_rank}")
+    _check_quant_format(quant_format)
+    wire = _WIRES.get(quant_format)
+    _check_quant_shape(wire, quant_hidden, swizzled_scales)
+    least = 2 if wire is not None else 0
+    if not least <= len(recv) <= MAX_PAYLOADS:
+        raise ValueError(f"recv must hold one tensor per received segment: at most {MAX_PAYLOADS}"
+                         f"{', at least 2' if least else ''}, got {len(recv)}")
+    expected = quant_row_bytes(wire, quant_hidden, swizzled_scales) if wire is not None else (0, 0)
+    payload_rows = [0] if wire is not None else []
+    for s, r in enumerate(recv):
+        name = f"recv[{s}]"
+        _check_nccl_input(r, name, gathered, "gathered")
+        _check_nccl_aligned(r, name)
+        tiles = swizzled_scales and s == 1
+        row_bytes = r.element_size() * math.prod(r.shape[1:])
+        if tiles:
+            shaped = r.dim() == 2 and r.shape[0] == ep_size and row_bytes == wire.swizzled_scale_bytes(runtime_max,
+                                                                                                      quant_hidden)
+        else:
+            shaped = r.dim() >= 2 and r.shape[0] == ep_size and r.shape[1] == runtime_max
+        if not shaped:
+            raise ValueError(f"{name} must be [ep_size={ep_size}, "
+                             f"{'swizzled scale bytes of one source block' if tiles else 'runtime_max'}, ...], got "
+                             f"{tuple(r.shape)}")
+        row = expected[1] if tiles else r.element_size() * math.prod(r.shape[2:])
+        if wire is not None and s < 2 and row != expected[s]:
+            raise ValueError(f"{name} must hold {expected[s]}-byte rows (the {'values' if s == 0 else 'scales'} of "
+                             f"hidden={quant_hidden})")
+        if wire is None or s >= 2:
+            payload_rows.append(row)
+    layout = _nccl_layout(ep_size, runtime_max, wire, quant_hidden, swizzled_scales, payload_rows)
+    _check_nccl_buffer(gathered, "gathered", (ep_size, layout.total_bytes))
+    _check_contiguous(gathered, "gathered")
+    _check_nccl_aligned(gathered, "gathered")
+    _check_nccl_counts(recv_counts, ep_size, gathered, "gathered")
+
+
+def _check_nccl_partials(partials: torch.Tensor, ep_rank: int, fp8_wire: bool) -> tuple[int, int, int, int]:
+    """``CheckNcclPartials``: ``(ep_size, runtime_max, hidden, wire row bytes)``."""
+    half = partials.dtype in (torch.bfloat16, torch.float16)
+    if not (half or (not fp8_wire and partials.dtype == torch.float32)):
+        raise TypeError(f"partials must be bfloat16, float16{' (the FP8 wire)' if fp8_wire else ' or float32'}, got "
+                        f"{partials.dtype}")
+    if partials.dim() != 3:
+        raise ValueError(f"partials must be [ep_size, runtime_max, hidden], got {tuple(partials.shape)}")
+    _check_on_gpu(partials, "partials")
+    _check_contiguous(partials, "partials")
+    if fp8_wire:
+        _check_nccl_aligned(partials, "partials")
+    ep_size, runtime_max, hidden = partials.shape
+    _check_nccl_sizes(ep_size, runtime_max)
+    if not 0 <= ep_rank < ep_size:
+        raise ValueError(f"ep_rank must be in [0, ep_size={ep_size}), got {ep_rank}")
+    if hidden < 1 or (fp8_wire and hidden % FP8_WIRE_HIDDEN_MULTIPLE):
+        raise ValueError(f"partials' hidden={hidden} must be "
+                         f"{'a positive multiple of 8 (the FP8 wire)' if fp8_wire else '>= 1'}")
+    return ep_size, runtime_max, hidden, fp8_wire_row_bytes(hidden) if fp8_wire else hidden * partials.element_size()
+
+
+def check_nccl_combine_wire_args(wire: torch.Tensor, partials: torch.Tensor, recv_counts: torch.Tensor,
+                                 ep_rank: int) -> None:
+    """The checks of the C++ ``NcclCombineWire`` entry."""
+    ep_size, runtime_max, _, row = _check_nccl_partials(partials, ep_rank, True)
+    _check_nccl_buffer(wire, "wire", (ep_size * runtime_max, row))
+    _check_nccl_input(wire, "wire", partials, "partials")
+    _check_nccl_aligned(wire, "wire")
+    _check_nccl_counts(recv_counts, ep_size, partials, "partials")
+
+
+def check_nccl_combine_sum_args(out: torch.Tensor, returned: torch.Tensor, send: torch.Tensor, partials: torch.Tensor,
+                                ep_rank: int, fp8_wire: bool) -> None:
+    """The checks of the C++ ``NcclCombineSum`` entry."""
+    ep_size, runtime_max, hidden, row = _check_nccl_partials(partials, ep_rank, fp8_wire)
+    if out.dtype != partials.dtype:
+        raise TypeError(f"out must have the partials' dtype ({partials.dtype}), got {out.dtype}")
+    if out.dim() != 2 or out.shape[1] != hidden or out.shape[0] > runtime_max:
+        raise ValueError(f"out must be [num_tokens, hidden={hidden}] with num_tokens <= runtime_max={runtime_max}, "
+                         f"got {tuple(out.shape)}")
+    _check_nccl_input(out, "out", partials, "partials")
+    if fp8_wire:
+        _check_nccl_aligned(out, "out")
+    _check_nccl_buffer(returned, "returned", (ep_size * runtime_max, row))
+    _check_nccl_input(returned, "returned", partials, "partials")
+    _check_nccl_aligned(returned, "returned")
+    mask_bytes = -(-ep_size // 8) * -(-runtime_max // WIRE_ALIGN) * WIRE_ALIGN
+    if send.dtype != torch.uint8 or send.dim() != 1 or send.shape[0] < mask_bytes:
+        raise ValueError(f"send must be the uint8 send buffer of the dispatch (its mask planes first), got "
+                         f"{send.dtype} {tuple(send.shape)}")
+    _check_nccl_input(send, "send", partials, "partials")
+    _check_nccl_aligned(send, "send")
 
 
 def check_topk_ids_on_host(topk_ids: torch.Tensor, num_experts: int) -> None:

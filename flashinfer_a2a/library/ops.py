@@ -222,6 +222,64 @@ def _sanitize_expert_ids_fake(recv_topk_ids, recv_counts, invalid_id):
     _check.check_sanitize_args(recv_topk_ids, recv_counts, invalid_id)
 
 
+# The nccl transport's kernels (flashinfer_a2a/transports/nccl.py; the wire: library/nccl_wire.py).
+@register(
+    "nccl_pack(Tensor(a!) send, Tensor topk_ids, Tensor[] payloads, int ep_size, SymInt runtime_max_tokens_per_rank, "
+    "int num_experts, int quant_format=0, Tensor? global_scale=None, bool swizzled_scales=False) -> ()",
+    dispatch_key="CUDA",
+)
+def nccl_pack(send, topk_ids, payloads, ep_size, runtime_max_tokens_per_rank, num_experts, quant_format=0,
+              global_scale=None, swizzled_scales=False):
+    get_a2a_module().nccl_pack(send, topk_ids, payloads, ep_size, runtime_max_tokens_per_rank, num_experts,
+                               quant_format, global_scale, swizzled_scales)
+
+
+@nccl_pack.register_fake
+def _nccl_pack_fake(send, topk_ids, payloads, ep_size, runtime_max_tokens_per_rank, num_experts, quant_format=0,
+                    global_scale=None, swizzled_scales=False):
+    _check.check_nccl_pack_args(send, topk_ids, payloads, ep_size, runtime_max_tokens_per_rank, num_experts,
+                                quant_format, global_scale, swizzled_scales)
+
+
+@register(
+    "nccl_select(Tensor gathered, Tensor(a!)[] recv, Tensor(b!) recv_counts, int ep_rank, "
+    "SymInt runtime_max_tokens_per_rank, int quant_format=0, int quant_hidden=0, bool swizzled_scales=False) -> ()",
+    dispatch_key="CUDA",
+)
+def nccl_select(gathered, recv, recv_counts, ep_rank, runtime_max_tokens_per_rank, quant_format=0, quant_hidden=0,
+                swizzled_scales=False):
+    get_a2a_module().nccl_select(gathered, recv, recv_counts, ep_rank, runtime_max_tokens_per_rank, quant_format,
+                                 quant_hidden, swizzled_scales)
+
+
+@nccl_select.register_fake
+def _nccl_select_fake(gathered, recv, recv_counts, ep_rank, runtime_max_tokens_per_rank, quant_format=0,
+                      quant_hidden=0, swizzled_scales=False):
+    _check.check_nccl_select_args(gathered, recv, recv_counts, ep_rank, runtime_max_tokens_per_rank, quant_format,
+                                  quant_hidden, swizzled_scales)
+
+
+@register("nccl_combine_wire(Tensor(a!) wire, Tensor partials, Tensor recv_counts, int ep_rank) -> ()", "CUDA")
+def nccl_combine_wire(wire, partials, recv_counts, ep_rank):
+    get_a2a_module().nccl_combine_wire(wire, partials, recv_counts, ep_rank)
+
+
+@nccl_combine_wire.register_fake
+def _nccl_combine_wire_fake(wire, partials, recv_counts, ep_rank):
+    _check.check_nccl_combine_wire_args(wire, partials, recv_counts, ep_rank)
+
+
+@register("nccl_combine_sum(Tensor(a!) out, Tensor returned, Tensor send, Tensor partials, int ep_rank, "
+          "bool fp8_wire) -> ()", "CUDA")
+def nccl_combine_sum(out, returned, send, partials, ep_rank, fp8_wire):
+    get_a2a_module().nccl_combine_sum(out, returned, send, partials, ep_rank, fp8_wire)
+
+
+@nccl_combine_sum.register_fake
+def _nccl_combine_sum_fake(out, returned, send, partials, ep_rank, fp8_wire):
+    _check.check_nccl_combine_sum_args(out, returned, send, partials, ep_rank, fp8_wire)
+
+
 @_caller_errors
 def dispatch_layout(
     ep_size: int,
@@ -251,6 +309,16 @@ def dispatch_layout(
     )
     offsets = [int(o) for o in offsets]
     return offsets[:-1], offsets[-1]
+
+
+@_caller_errors
+def nccl_wire_layout(ep_size: int, runtime_max_tokens_per_rank: int, payload_row_bytes: Sequence[int],
+                     quant: tuple[int, int, bool] = (0, 0, False)) -> tuple[int, list[int], int]:
+    """``(plane_stride, segment offsets, total bytes)`` of the nccl transport's send buffer, from the C++ layout
+    (library/nccl_wire.py mirrors it for the CPU path). ``quant`` as for :func:`dispatch_layout`."""
+    out = [int(v) for v in get_a2a_module().get_nccl_wire_layout(ep_size, runtime_max_tokens_per_rank, *quant,
+                                                                   [int(b) for b in payload_row_bytes])]
+    return out[0], out[1:-1], out[-1]
 
 
 def bind_eager_calls(workspace, recv_counts, ep_rank: int, sizes: Sequence[int], num_experts: int, num_sms: int,

@@ -67,7 +67,13 @@ def push_combine_bytes_per_token(hidden: int, dtype: torch.dtype, combine_format
     check_combine_format(combine_format)
     if combine_format is None:
         return 2 * hidden * dtype.itemsize
-    return hidden * dtype.itemsize + -(-WIRE_FORMATS["fp8_block"].row_bytes(hidden) // 16) * 16
+    return hidden * dtype.itemsize + fp8_wire_row_bytes(hidden)
+
+
+def fp8_wire_row_bytes(hidden: int) -> int:
+    """Bytes of one partial row over combine's FP8 wire: ``hidden`` E4M3 values, then an fp32 scale per 128, padded
+    to 16 (Fp8WireRowBytes)."""
+    return -(-WIRE_FORMATS["fp8_block"].row_bytes(hidden) // 16) * 16
 
 
 WIRE_FORMATS = {

@@ -3,21 +3,28 @@
 One-sided NVLink needs every rank to map every peer's memory (one NVLink domain). Past that edge this transport runs
 the same contract (DESIGN.md §2, :mod:`flashinfer_a2a.reference`) over whatever backend the group has: NCCL across
 nodes, gloo on CPU (where CI runs it). Receive layout, receive order, ``recv_counts`` and combine's ordered fp32 sum
-are those of the NVLink path, so a bf16 result equals it bit for bit.
+are those of the NVLink path, so the results equal it bit for bit, quantized ones included.
 
 Two modes:
 
 - **padded** (default, no host synchronisation, CUDA-graph capturable, traceable by ``torch.compile``: while tracing
   the collectives are the functional ones and every result a fresh tensor,
-  :mod:`flashinfer_a2a.transports.nccl_traced`). Dispatch: quantize ``payloads[0]`` if asked,
-  pack each token's destination bitmask and payload bytes into a ``[runtime_max, row_bytes]`` send buffer, one
-  ``all_gather_into_tensor`` (``all_gather_single`` in torch 2.13), then keep, per source block, the rows whose
-  bitmask names this rank, in increasing token order (a stable argsort of the mask and a gather). Combine: one
-  ``all_to_all_single`` of the ``[ep_size, runtime_max, hidden]`` combine region (optionally as FP8 with block
-  scales), then each token's partials summed in increasing rank order in fp32.
-- **exact** (eager only). Dispatch: the per-destination counts go first (one small ``all_to_all_single`` and a host
-  synchronisation), then a variable-size ``all_to_all_single`` moves only the routed rows; combine returns only
-  those rows. For large prefill batches, where padding every rank to ``runtime_max`` moves too many bytes.
+  :mod:`flashinfer_a2a.transports.nccl_traced`). Dispatch: one kernel (``nccl_pack``) writes this rank's send
+  buffer (:mod:`flashinfer_a2a.library.nccl_wire`): each token's destination bitmask, ``payloads[0]`` quantized
+  into its wire format by the NVLink fused dispatch's device code (the same bytes), the other payloads' rows; one
+  ``all_gather_into_tensor`` (``all_gather_single`` in torch 2.13); then one kernel (``nccl_select``) keeps, per
+  source block, the rows whose bitmask names this rank, in increasing token order, and writes ``recv_counts``.
+  Combine: one ``all_to_all_single`` of the ``[ep_size, runtime_max, hidden]`` combine region (with
+  ``quant_format="fp8_block"`` first quantized by a kernel, ``nccl_combine_wire``, to FP8 with an fp32 scale per
+  128: the NVLink combine's FP8 wire), then one kernel (``nccl_combine_sum``) sums each token's rows in increasing
+  rank order in fp32. No step synchronises with the host.
+- **exact** (eager only). Dispatch: the same pack kernel, then the per-destination counts (one small
+  ``all_to_all_single`` and a host synchronisation), then a variable-size ``all_to_all_single`` of only the routed
+  rows (gathered and scattered by torch ops); combine returns only those rows and sums them with the same kernel.
+  For large prefill batches, where padding every rank to ``runtime_max`` moves too many bytes.
+
+On CPU tensors the same steps run as torch ops (:mod:`flashinfer_a2a.transports.nccl_torch`, the kernels' twins:
+the same wire, rows and bits).
 
 Bytes each rank sends (``B`` = dispatch row bytes, ``H`` = combine row bytes, ``R`` = runtime_max, ``n`` = local
 tokens, ``m`` = (token, remote destination) pairs of this rank, ``P = ep_size``):
@@ -39,17 +46,19 @@ reduce-scatter moves. A wire format (``fp8_block``, ``mxfp8``, ``nvfp4``) shrink
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Any, Optional, Sequence
 
 import torch
 
+from ..library import ops
 from ..library.checks import check_combine_tensors, check_dispatch_inputs, check_topk_ids_on_host
 from ..library.errors import eager_call
-from ..library.wire_formats import WireFormat, check_combine_format, wire_format
-from ..reference import quant
+from ..library.nccl_wire import WIRE_ALIGN, NcclWire, dispatch_wire
+from ..library.wire_formats import WireFormat, check_combine_format, fp8_wire_row_bytes, wire_format
+from . import nccl_torch as local
 from . import nccl_traced as traced
+from .nccl_torch import rank_mask, row_width  # noqa: F401 (rank_mask: documented here, docs/api.md)
 
 TRANSPORTS = ("auto", "nvlink", "nccl")
 MAX_TOP_K = 32
@@ -124,47 +133,6 @@ def process_group_of(comm: Any) -> Any:
     return group
 
 
-# ----------------------------------------------------------------------------------------------- local routing
-
-
-def rank_mask(topk_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
-    """``[num_tokens, ep_size] bool``: which ranks own one of each token's experts. An id of -1 is skipped; so is
-    any id outside ``[0, num_experts)`` (debug mode reports those on the host before the call)."""
-    base, rem = divmod(num_experts, ep_size)
-    ranks = torch.arange(ep_size, device=topk_ids.device)
-    first = ranks * base + torch.clamp(ranks, max=rem)  # first expert of each rank (contiguous partition)
-    ids = topk_ids.to(torch.int64)
-    owner = torch.searchsorted(first, ids, right=True) - 1  # last rank whose first expert <= id
-    valid = (ids >= 0) & (ids < num_experts)
-    column = torch.where(valid, owner, torch.full_like(owner, ep_size))  # a spare column takes the skipped ids
-    mask = torch.zeros(ids.shape[0], ep_size + 1, dtype=torch.bool, device=ids.device)
-    mask.scatter_(1, column, True)
-    return mask[:, :ep_size]
-
-
-def _pack_bits(mask: torch.Tensor) -> torch.Tensor:
-    """``[n, ep_size] bool`` -> ``[n, ceil(ep_size / 8)] uint8``, rank r at bit ``r % 8`` of byte ``r // 8``."""
-    n, ep_size = mask.shape
-    num_bytes = -(-ep_size // 8)
-    padded = torch.zeros(n, num_bytes * 8, dtype=torch.uint8, device=mask.device)
-    padded[:, :ep_size] = mask
-    # Made on the device: a host-to-device copy of a literal would break a CUDA-graph capture.
-    weights = torch.ones(8, dtype=torch.uint8, device=mask.device) << torch.arange(8, dtype=torch.uint8,
-                                                                                   device=mask.device)
-    return (padded.view(n, num_bytes, 8) * weights).sum(-1, dtype=torch.uint8)
-
-
-def _row_width(t: torch.Tensor) -> int:
-    return t.element_size() * math.prod(t.shape[1:])
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """``[rows, ...]`` of any dtype as ``[rows, row_bytes] uint8`` (a copy only if strided)."""
-    if traced.tracing():
-        return traced.to_bytes(t)
-    return t.contiguous().view(torch.uint8).reshape(t.shape[0], _row_width(t))
-
-
 # ----------------------------------------------------------------------------------------------------- state
 
 
@@ -172,15 +140,16 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 class Pending:
     """What combine needs from its dispatch."""
 
-    mask: torch.Tensor  # [num_tokens, ep_size] bool: the ranks each local token went to
-    runtime_max: int
+    send: torch.Tensor  # this rank's send buffer: its mask planes say where each local token went
+    wire: NcclWire
+    num_tokens: int
     recv_counts: torch.Tensor  # [ep_size] int32
     exact_splits: Optional[tuple[list[int], list[int]]] = None  # exact mode: (sent to each rank, got from each)
     combine_input: Optional[torch.Tensor] = None  # traced calls: the combine input combine_input handed out
 
     @property
-    def num_tokens(self) -> int:
-        return self.mask.shape[0]
+    def runtime_max(self) -> int:
+        return self.wire.runtime_max
 
 
 class NcclTransport:
@@ -255,18 +224,18 @@ class NcclTransport:
         if self.debug and eager_call():
             check_topk_ids_on_host(topk_ids, self.num_experts)
             self._check_same_call(runtime_max)
-        mask = rank_mask(topk_ids, self.num_experts, self.ep_size)
-        wire = list(payloads)
-        if fmt is not None:
-            wire[:1] = self._quantize(payloads[0], fmt, global_scale)
+        hidden = payloads[0].shape[-1] if fmt is not None else 0
+        wire = dispatch_wire(self.ep_size, runtime_max, [row_width(p) for p in payloads], fmt, hidden,
+                             swizzled_scales)
+        send = self._pack(topk_ids, payloads, wire, fmt, global_scale, swizzled_scales)
+        recv_like = self._recv_like(payloads, fmt, hidden, swizzled_scales, runtime_max)
+        swizzled = 1 if swizzled_scales else None
         if self.exact:
-            recv, splits = self._dispatch_exact(mask, wire, runtime_max)
+            recv, splits = self._dispatch_exact(send, wire, topk_ids.shape[0], recv_like, swizzled)
             counts = self.recv_counts
         else:
-            (recv, counts), splits = self._dispatch_padded(mask, wire, runtime_max), None
-        if fmt is not None and swizzled_scales:
-            recv[1] = self._swizzle(recv[1], fmt, payloads[0].shape[-1], runtime_max)
-        self._pending = Pending(mask, runtime_max, counts, splits)
+            (recv, counts), splits = self._dispatch_padded(send, wire, recv_like, fmt, hidden, swizzled_scales), None
+        self._pending = Pending(send, wire, topk_ids.shape[0], counts, splits)
         if not traced.tracing():  # only debug mode reads it, eagerly; a traced int would be guarded on
             self._calls += 1
         return recv, counts
@@ -306,92 +275,87 @@ class NcclTransport:
             raise ValueError(f"swizzled_scales needs mxfp8 or nvfp4 (one-byte scales), got {quant_format!r}")
         return fmt
 
-    def _quantize(self, x: torch.Tensor, fmt: WireFormat, global_scale) -> list[torch.Tensor]:
-        """Values and scales, bitwise as the fused quantizing kernels (they equal the reference quantizers)."""
-        if fmt.name != "nvfp4":
-            return list(quant.quantize(x, fmt.name))
-        if not isinstance(global_scale, torch.Tensor):
-            global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
-        # The checked quantize_nvfp4 reads the scale on the host: that would synchronise (and break capture).
-        return list(quant.quantize_nvfp4_unchecked(x, global_scale.reshape(()).float()))
+    @property
+    def _kernels(self) -> bool:
+        """Whether the steps run as CUDA kernels (else as their torch twins, nccl_torch)."""
+        return self.device.type == "cuda"
 
-    def _swizzle(self, scales: torch.Tensor, fmt: WireFormat, hidden: int, runtime_max: int) -> torch.Tensor:
-        """``[ep_size, runtime_max, cols]`` -> one 128x4-tile grid per source block, padding zero."""
-        cols = fmt.scale_cols(hidden)
-        size = fmt.swizzled_scale_bytes(runtime_max, hidden)
-        index = traced.swizzled_index(runtime_max, cols, self.device) if traced.tracing() else \
-            self._buffers.get(("swizzle index", runtime_max, cols))
-        if index is None:  # built in the first (eager) call of this shape; a capture replays it
-            index = quant._swizzled_index(runtime_max, cols).flatten().to(self.device)
-            self._buffers[("swizzle index", runtime_max, cols)] = index
-        out = self._buffer("swizzled", (self.ep_size, size), torch.uint8)
-        out.zero_()
-        out[:, index] = scales.view(torch.uint8).reshape(self.ep_size, -1)
-        return out.view(fmt.scale_dtype)
+    def _pack(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], wire: NcclWire,
+              fmt: Optional[WireFormat], global_scale, swizzled: bool) -> torch.Tensor:
+        """This rank's send buffer (library/nccl_wire.py)."""
+        if fmt is not None and fmt.name == "nvfp4" and not isinstance(global_scale, torch.Tensor):
+            # Filled on the device: no host-to-device copy enters a CUDA graph.
+            global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=self.device)
+        if not self._kernels:
+            return local.pack(topk_ids, payloads, wire, self.num_experts, fmt, global_scale, swizzled)
+        send = self._buffer("send", (wire.total_bytes,), torch.uint8)
+        gs = None if global_scale is None else global_scale.reshape(1).float()
+        ops.nccl_pack(send, topk_ids, list(payloads), self.ep_size, wire.runtime_max, self.num_experts,
+                      0 if fmt is None else fmt.code, gs, swizzled)
+        return send
 
-    def _recv_buffers(self, wire: Sequence[torch.Tensor], runtime_max: int) -> list[torch.Tensor]:
-        return [self._buffer(f"recv{i}", (self.ep_size, runtime_max, *p.shape[1:]), p.dtype)
-                for i, p in enumerate(wire)]
+    def _recv_like(self, payloads: Sequence[torch.Tensor], fmt: Optional[WireFormat], hidden: int, swizzled: bool,
+                   runtime_max: int) -> list[tuple[torch.dtype, tuple]]:
+        """(dtype, shape) of each receive buffer: ``[ep_size, runtime_max, ...]`` per payload; a quantized first
+        payload as values and scales (swizzled: one 128x4-tile block per source)."""
+        block = (self.ep_size, runtime_max)
+        like = [(p.dtype, (*block, *p.shape[1:])) for p in payloads]
+        if fmt is not None:
+            scales = (self.ep_size, fmt.swizzled_scale_bytes(runtime_max, hidden)) if swizzled else \
+                (*block, fmt.scale_cols(hidden))
+            like[:1] = [(fmt.value_dtype, (*block, fmt.value_bytes(hidden))), (fmt.scale_dtype, scales)]
+        return like
 
-    def _dispatch_padded(self, mask: torch.Tensor, wire: Sequence[torch.Tensor], runtime_max: int):
-        ep_size, n = self.ep_size, mask.shape[0]
-        segments = [_pack_bits(mask)] + [_bytes(p) for p in wire]
-        widths = [s.shape[1] for s in segments]
-        total = sum(widths)
-        send = self._buffer("send", (runtime_max, total), torch.uint8)
-        send[n:].zero_()  # padding rows: no destination bit set
-        offsets = [sum(widths[:i]) for i in range(len(widths))]
-        for seg, off, width in zip(segments, offsets, widths):
-            send[:n, off : off + width] = seg
+    def _dispatch_padded(self, send: torch.Tensor, wire: NcclWire, recv_like, fmt: Optional[WireFormat], hidden: int,
+                         swizzled: bool):
         if traced.tracing():
-            gathered = traced.all_gather(send, self.group)
+            gathered = traced.all_gather(send, self.group).view(self.ep_size, wire.total_bytes)
         else:
-            gathered = self._buffer("gathered", (ep_size * runtime_max, total), torch.uint8)
-            self._all_gather(gathered, send, group=self.group)
-        byte, bit = divmod(self.ep_rank, 8)
-        mine = ((gathered[:, byte] >> bit) & 1).view(ep_size, runtime_max)
-        if traced.tracing():  # a fresh counts tensor: a traced graph must not write one kept between calls
-            counts = torch.sum(mine, dim=1, dtype=torch.int32)
-        else:
-            counts = torch.sum(mine, dim=1, dtype=torch.int32, out=self.recv_counts)
-        # A stable sort of "not mine" puts each block's rows for this rank first, in increasing token order: the
-        # NVLink path's receive order. Rows past the count hold other rows of the block (unspecified by contract).
-        order = torch.argsort(1 - mine, dim=1, stable=True)
-        # Each source block's first row; a product, not arange's step, which may not be 0 (runtime_max 0: every
-        # rank without tokens).
-        order += (torch.arange(ep_size, device=self.device) * runtime_max).unsqueeze(1)
-        order = order.view(-1)
-        if traced.tracing():
-            return traced.select_rows(gathered, order, wire, offsets[1:], ep_size, runtime_max), counts
-        recv = self._recv_buffers(wire, runtime_max)
-        for buf, off, width in zip(recv, offsets[1:], widths[1:]):
-            torch.index_select(gathered[:, off : off + width], 0, order,
-                               out=buf.view(torch.uint8).view(ep_size * runtime_max, width))
+            gathered = self._buffer("gathered", (self.ep_size, wire.total_bytes), torch.uint8)
+            self._all_gather(gathered.view(-1), send, group=self.group)
+        if not self._kernels:
+            recv, counts = local.select(gathered, wire, self.ep_rank, recv_like, 1 if swizzled else None)
+            if not traced.tracing():  # eagerly, the counts tensor this transport keeps, as on GPUs
+                counts = self.recv_counts.copy_(counts)
+            return recv, counts
+        recv = [self._buffer(f"recv{i}", shape, dtype) for i, (dtype, shape) in enumerate(recv_like)]
+        # A fresh counts tensor while tracing: a traced graph must not write one kept between calls.
+        counts = torch.empty_like(self.recv_counts) if traced.tracing() else self.recv_counts
+        ops.nccl_select(gathered, recv, counts, self.ep_rank, wire.runtime_max, 0 if fmt is None else fmt.code, hidden,
+                        swizzled)
         return recv, counts
 
-    def _dispatch_exact(self, mask: torch.Tensor, wire: Sequence[torch.Tensor], runtime_max: int):
+    def _dispatch_exact(self, send: torch.Tensor, wire: NcclWire, num_tokens: int, recv_like,
+                        swizzled: Optional[int]):
         if not eager_call():
             raise RuntimeError("exact=True synchronises with the host (it exchanges the counts first): call it "
                                "eagerly, not inside a CUDA graph or torch.compile")
-        ep_size, dist = self.ep_size, self._dist
+        ep_size, dist, runtime_max = self.ep_size, self._dist, wire.runtime_max
+        mask = local.unpack_mask(send, wire, num_tokens)
         sent = mask.sum(0)
         got = torch.empty_like(sent)
         dist.all_to_all_single(got, sent, group=self.group)
         send_splits, recv_splits = sent.tolist(), got.tolist()
         self.recv_counts.copy_(got)
-        pairs = mask.t().nonzero()  # (destination, token), destination major, tokens increasing
-        packed = torch.cat([_bytes(p) for p in wire], dim=1)
+        tokens = mask.t().nonzero()[:, 1]  # (destination, token) pairs, destination major, tokens increasing
+        segments = range(len(wire.row_bytes))
+        packed = torch.cat([wire.segment(send, s)[:num_tokens].index_select(0, tokens) for s in segments], dim=1)
         recv_rows = torch.empty(sum(recv_splits), packed.shape[1], dtype=torch.uint8, device=self.device)
-        dist.all_to_all_single(recv_rows, packed.index_select(0, pairs[:, 1]), recv_splits, send_splits,
-                               group=self.group)
+        dist.all_to_all_single(recv_rows, packed, recv_splits, send_splits, group=self.group)
         dest = self._exact_rows(recv_splits, runtime_max)
-        recv = self._recv_buffers(wire, runtime_max)
-        off = 0
-        for buf, p in zip(recv, wire):
-            width = _row_width(p)
-            flat = buf.view(torch.uint8).view(ep_size * runtime_max, width)
-            flat.index_copy_(0, dest, recv_rows[:, off : off + width])
+        recv, off = [], 0
+        for s, (dtype, shape) in enumerate(recv_like):
+            width = wire.row_bytes[s]
+            rows = recv_rows[:, off : off + width]
             off += width
+            if s == swizzled:
+                flat = torch.zeros(ep_size * runtime_max, width, dtype=torch.uint8, device=self.device)
+                flat.index_copy_(0, dest, rows)
+                recv.append(local.swizzle_rows(flat.view(ep_size, runtime_max, width), runtime_max).view(dtype))
+                continue
+            buf = self._buffer(f"recv{s}", shape, dtype)
+            buf.view(torch.uint8).view(ep_size * runtime_max, width).index_copy_(0, dest, rows)
+            recv.append(buf)
         return recv, (send_splits, recv_splits)
 
     def _exact_rows(self, counts: Sequence[int], runtime_max: int) -> torch.Tensor:
@@ -449,27 +413,30 @@ class NcclTransport:
         if quant_format is not None and (dtype == torch.float32 or hidden % 8):
             raise ValueError(f"combine quant_format='fp8_block' needs bf16|fp16 partials with hidden % 8 == 0, got "
                              f"{dtype} hidden={hidden}")
-        wire = self._combine_wire(partials, quant_format)
+        fp8_wire = quant_format is not None
+        wire = self._combine_wire(partials, pending, fp8_wire)
         returned = self._exchange_partials(wire, pending)
-        rows = self._from_wire(returned, partials, quant_format)
-        self._ordered_sum(rows, pending.mask, out)
+        self._sum(out, returned, partials, pending, fp8_wire)
         self._pending = None
         return out
 
-    def _combine_wire(self, partials: torch.Tensor, quant_format: Optional[str]) -> torch.Tensor:
+    def _combine_wire(self, partials: torch.Tensor, pending: Pending, fp8_wire: bool) -> torch.Tensor:
         """``[ep_size * runtime_max, wire_row_bytes] uint8``: the partials, or their FP8 values and scales."""
-        flat = partials.reshape(-1, partials.shape[-1])
-        if quant_format is None:
-            return _bytes(flat)
-        values, scales = quant.quantize_fp8_block(flat)
-        return torch.cat([_bytes(values), _bytes(scales)], dim=1)
+        ep_size, rm, hidden = partials.shape
+        if not fp8_wire:
+            return local.to_bytes(partials.reshape(ep_size * rm, hidden))
+        if not self._kernels:
+            return local.combine_wire(partials)
+        wire = self._buffer("combine wire", (ep_size * rm, fp8_wire_row_bytes(hidden)), torch.uint8)
+        ops.nccl_combine_wire(wire, _dense(partials), pending.recv_counts, self.ep_rank)
+        return wire
 
     def _exchange_partials(self, wire: torch.Tensor, pending: Pending) -> torch.Tensor:
         """Block ``[d]`` of the result: the rows rank d computed for this rank's tokens, in d's slot order."""
         ep_size, rm = self.ep_size, pending.runtime_max
-        returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8)
         if pending.exact_splits is None and traced.tracing():
             return traced.all_to_all(wire, self.group)
+        returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8)
         if pending.exact_splits is None:
             self._dist.all_to_all_single(returned, wire, group=self.group)
             return returned
@@ -480,32 +447,19 @@ class NcclTransport:
         returned.index_copy_(0, self._exact_rows(send_splits, rm), back)
         return returned
 
-    def _from_wire(self, returned: torch.Tensor, partials: torch.Tensor, quant_format: Optional[str]) -> torch.Tensor:
-        """``[ep_size, runtime_max, hidden]`` rows to sum (fp32 when they crossed as FP8)."""
-        ep_size, rm, hidden = partials.shape
-        if traced.tracing():
-            if quant_format is None:
-                return traced.from_bytes(returned, partials.dtype, (ep_size, rm, hidden))
-            values = traced.from_bytes(returned[:, :hidden], torch.float8_e4m3fn, (ep_size * rm, hidden))
-            scales = traced.from_bytes(returned[:, hidden:], torch.float32, (ep_size * rm, -1))
-        elif quant_format is None:
-            return returned.view(partials.dtype).view(ep_size, rm, hidden)
-        else:
-            values = returned[:, :hidden].view(torch.float8_e4m3fn)
-            scales = returned[:, hidden:].contiguous().view(torch.float32)
-        rows = quant.dequantize_fp8_block(values, scales).view(ep_size, rm, hidden)
-        rows[self.ep_rank] = partials[self.ep_rank].float()  # a rank's own partials cross no link: exact
-        return rows
-
-    def _ordered_sum(self, rows: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> None:
-        """``out[t] = ((+0 + row(t, d0)) + row(t, d1)) + ...`` over the ranks d0 < d1 < ... token t went to, each
-        step one fp32 addition, then one rounding to ``out``'s dtype: the NVLink combine's bits."""
-        slots = (torch.cumsum(mask.to(torch.int64), dim=0) - 1).clamp_min(0)
-        acc = torch.zeros(out.shape, dtype=torch.float32, device=self.device)
-        for d in range(self.ep_size):
-            picked = rows[d].index_select(0, slots[:, d]).float()
-            acc = torch.where(mask[:, d : d + 1], acc + picked, acc)
-        out.copy_(acc)
+    def _sum(self, out: torch.Tensor, returned: torch.Tensor, partials: torch.Tensor, pending: Pending,
+             fp8_wire: bool) -> None:
+        """``out[t]``: token t's rows summed in increasing rank order in fp32 (nccl_torch.ordered_sum)."""
+        if not self._kernels:
+            out.copy_(local.ordered_sum(returned, pending.send, pending.wire, partials, self.ep_rank, fp8_wire,
+                                        pending.num_tokens))
+            return
+        # The kernel writes dense rows (16-byte aligned ones over the FP8 wire): a caller's strided or misaligned out
+        # gets them through a dense one.
+        target = out if _dense(out) is out else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        ops.nccl_combine_sum(target, returned, pending.send, _dense(partials), self.ep_rank, fp8_wire)
+        if target is not out:
+            out.copy_(target)
 
     # -------------------------------------------------------------------------------------------------- state
 
@@ -547,6 +501,14 @@ class NcclTransport:
         if self._pending is None:
             raise RuntimeError(f"MoeAlltoAll.{what} called without a pending dispatch: call dispatch first")
         return self._pending
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if contiguous and starting on a 16-byte boundary (read off its storage offset: torch's CUDA memory starts
+    on coarser ones; the ops check the pointer itself), else such a copy: what the kernels read in 16-byte vectors."""
+    if t.is_contiguous() and t.storage_offset() * t.element_size() % WIRE_ALIGN == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _nvlink_only(call: str) -> NotImplementedError:

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "float_convert.cuh"
 #include "protocol.cuh"
@@ -288,40 +289,49 @@ __device__ __forceinline__ void StorePieceScales(const DispatchQuant& q, uint8_t
   }
 }
 
-// Stores piece `piece` of a token, quantized (this lane's values in lq, the gathered scales in `scales`), to each of
-// the `num_targets` (rank, slot) entries held by lanes 0..num_targets-1 in `entry`. kWhole: the piece lies inside a
-// row of whole, aligned lanes (every piece of hidden 7168), so its values go at fixed offsets without a test each.
+// Stores piece `piece` of a row, quantized (this lane's values in lq, the gathered scales in `scales`), as row `row`
+// of the values and scales regions of q at `base`: a received row of source block `src_rank` at `slot` (the dispatch
+// below), or a row of the nccl transport's send buffer (nccl_pack.cuh, unswizzled: src_rank and slot unused).
+// kWhole: the piece lies inside a row of whole, aligned lanes (every piece of hidden 7168), so its values go at fixed
+// offsets without a test each.
+template <QuantFormat F, bool kWhole>
+__device__ __forceinline__ void StorePieceRow(const DispatchQuant& q, uint8_t* base, int src_rank, int64_t row,
+                                              int64_t slot, int piece, const LaneQuant (&lq)[kQuantRounds],
+                                              uint32_t scales, int lane) {
+  constexpr int kLaneBytes = kQuantLaneElems / WireOf(F).elements_per_byte;
+  uint8_t* values = base + q.values_offset + row * q.value_row_bytes;
+  uint8_t* lane_values = values + (piece * (kQuantPieceElems / kQuantLaneElems) + lane) * kLaneBytes;
+#pragma unroll
+  for (int u = 0; u < kQuantRounds; ++u) {
+    const int e0 = piece * kQuantPieceElems + (u * 32 + lane) * kQuantLaneElems;
+    if (kWhole) {
+      StoreLaneValues<F>(lane_values + u * 32 * kLaneBytes, lq[u]);
+    } else if (e0 < q.hidden) {
+      StoreLaneValues<F>(values, e0, q.hidden, q.vectorized, lq[u]);
+    }
+  }
+  StorePieceScales<F>(q, base, src_rank, row, slot, piece * kPieceScales<F>, scales, lane);
+}
+
+// StorePieceRow to each of the `num_targets` (rank, slot) entries held by lanes 0..num_targets-1 in `entry`.
 template <QuantFormat F, bool kWhole>
 __device__ __forceinline__ void StorePiece(const DispatchQuant& q, const Ranks& ranks, int64_t runtime_max, int piece,
                                            const LaneQuant (&lq)[kQuantRounds], uint32_t scales, int32_t entry,
                                            int num_targets, int lane) {
-  constexpr int kLaneBytes = kQuantLaneElems / WireOf(F).elements_per_byte;
   const int64_t src_block = static_cast<int64_t>(ranks.ep_rank) * runtime_max;
   for (int j = 0; j < num_targets; ++j) {
     const int32_t e = __shfl_sync(0xffffffffu, entry, j);
-    uint8_t* base = ranks.Base(RouteRank(e));
     const int64_t slot = RouteSlot(e);
-    uint8_t* values = base + q.values_offset + (src_block + slot) * q.value_row_bytes;
-    uint8_t* lane_values = values + (piece * (kQuantPieceElems / kQuantLaneElems) + lane) * kLaneBytes;
-#pragma unroll
-    for (int u = 0; u < kQuantRounds; ++u) {
-      const int e0 = piece * kQuantPieceElems + (u * 32 + lane) * kQuantLaneElems;
-      if (kWhole) {
-        StoreLaneValues<F>(lane_values + u * 32 * kLaneBytes, lq[u]);
-      } else if (e0 < q.hidden) {
-        StoreLaneValues<F>(values, e0, q.hidden, q.vectorized, lq[u]);
-      }
-    }
-    StorePieceScales<F>(q, base, ranks.ep_rank, src_block + slot, slot, piece * kPieceScales<F>, scales, lane);
+    StorePieceRow<F, kWhole>(q, ranks.Base(RouteRank(e)), ranks.ep_rank, src_block + slot, slot, piece, lq, scales,
+                             lane);
   }
 }
 
-// Quantizes piece `piece` of token t and stores it to each of the `num_targets` (rank, slot) entries held by lanes
-// 0..num_targets-1 in `entry`.
-template <typename T, QuantFormat F>
-__device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Ranks& ranks, int64_t runtime_max,
-                                              const uint8_t* payload, int64_t t, int piece, int32_t entry,
-                                              int num_targets, int lane, const float* nvfp4_inverse) {
+// Quantizes piece `piece` of token t (elements of type T) and hands it to store(whole, lq, scales): this lane's values
+// in lq, the piece's scales gathered into the low lanes, `whole` a std::bool_constant telling StorePieceRow's kWhole.
+template <typename T, QuantFormat F, typename Store>
+__device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const uint8_t* payload, int64_t t, int piece,
+                                              int lane, const float* nvfp4_inverse, Store store) {
   const T* row = reinterpret_cast<const T*>(payload) + t * q.hidden;
   uint4 raw[kQuantRounds];  // every load in flight before the first conversion
 #pragma unroll
@@ -337,23 +347,35 @@ __device__ __forceinline__ void QuantizePiece(const DispatchQuant& q, const Rank
     scales = QuantizeRounds<T, F>(raw, lane, lq);
   }
   if (q.vectorized && (piece + 1) * kQuantPieceElems <= q.hidden) {
-    StorePiece<F, true>(q, ranks, runtime_max, piece, lq, scales, entry, num_targets, lane);
+    store(std::true_type{}, lq, scales);
   } else {
-    StorePiece<F, false>(q, ranks, runtime_max, piece, lq, scales, entry, num_targets, lane);
+    store(std::false_type{}, lq, scales);
   }
 }
 
+// QuantizePiece of a bf16|fp16 payload (q.fp16).
+template <QuantFormat F, typename Store>
+__device__ __forceinline__ void QuantizeTokenPiece(const DispatchQuant& q, const uint8_t* payload, int64_t t,
+                                                   int piece, int lane, const float* nvfp4_inverse, Store store) {
+  if (q.fp16) {
+    QuantizePiece<__half, F>(q, payload, t, piece, lane, nvfp4_inverse, store);
+  } else {
+    QuantizePiece<__nv_bfloat16, F>(q, payload, t, piece, lane, nvfp4_inverse, store);
+  }
+}
+
+// Quantizes piece `piece` of token t and stores it to each of the `num_targets` (rank, slot) entries held by lanes
+// 0..num_targets-1 in `entry`.
 template <QuantFormat F>
 __device__ __forceinline__ void DispatchQuantizePiece(const DispatchQuant& q, const Ranks& ranks,
                                                       int64_t runtime_max, const uint8_t* payload, int64_t t,
                                                       int piece, int32_t entry, int num_targets, int lane,
                                                       const float* nvfp4_inverse) {
-  if (q.fp16) {
-    QuantizePiece<__half, F>(q, ranks, runtime_max, payload, t, piece, entry, num_targets, lane, nvfp4_inverse);
-  } else {
-    QuantizePiece<__nv_bfloat16, F>(q, ranks, runtime_max, payload, t, piece, entry, num_targets, lane,
-                                    nvfp4_inverse);
-  }
+  QuantizeTokenPiece<F>(q, payload, t, piece, lane, nvfp4_inverse,
+                        [&](auto whole, const LaneQuant(&lq)[kQuantRounds], uint32_t scales) {
+                          StorePiece<F, decltype(whole)::value>(q, ranks, runtime_max, piece, lq, scales, entry,
+                                                                num_targets, lane);
+                        });
 }
 
 }  // namespace flashinfer_a2a

@@ -1,6 +1,6 @@
 """The nccl transport on one GPU: a world of one rank over NCCL, eager (every check of the CPU suite), inside a
-CUDA graph, under torch.compile(fullgraph=True), and bitwise against the nvlink transport (its fused quantizing kernels
-included)."""
+CUDA graph, under torch.compile(fullgraph=True), and bitwise against the nvlink transport (their quantizing kernels
+share the device code). Its kernels alone, over simulated ranks: tests/gpu/test_nccl_kernels.py."""
 
 import pytest
 import torch
@@ -118,8 +118,9 @@ def test_equals_nvlink_transport(nccl_world, fmt):
 
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "nvfp4"])
 def test_reference_quantizers_run_alike_on_the_gpu(fmt):
-    """The transport quantizes on the device with the reference quantizers: they must give the CPU's bits (a host
-    scalar divisor would not: CUDA multiplies by its reciprocal)."""
+    """The kernels' twins (nccl_torch, what tests/gpu/test_nccl_kernels.py compares them with) quantize on the device
+    with the reference quantizers: they must give the CPU's bits (a host scalar divisor would not: CUDA multiplies by
+    its reciprocal)."""
     x = (torch.randn(333, HIDDEN, generator=torch.Generator().manual_seed(5)) * 20).bfloat16()
     gs = 17.0 if fmt == "nvfp4" else None
     on_cpu = quant.quantize(x, fmt, gs)
@@ -130,7 +131,7 @@ def test_reference_quantizers_run_alike_on_the_gpu(fmt):
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_matches_eager_and_reference(nccl_world, backend):
-    """dispatch / combine_input / combine traced whole; inductor for bf16 only: Triton may round the reference
-    quantizers' fp32 divisions differently from eager CUDA (docs/multi_node.md)."""
-    check_compiled(0, 1, "cuda", backend, CASES if backend == "aot_eager" else [c for c in CASES if c[0] is None])
+    """dispatch / combine_input / combine traced whole: the kernels are ops, so inductor compiles no quantizer and
+    every case matches under both backends."""
+    check_compiled(0, 1, "cuda", backend, CASES)
     check_exact_refuses_compile(0, 1, "cuda")

@@ -1,16 +1,23 @@
 """One rank of the nccl-transport checks on several GPUs: ``torchrun --nproc-per-node 2 -m
-tests.multigpu.nccl_worker``. Prints ``CHECK <name> rank <r> ok`` per passed check; a failure raises."""
+tests.multigpu.nccl_worker [check ...]`` (every check by default). Prints ``CHECK <name> rank <r> ok`` per passed
+check; a failure raises."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 
 from flashinfer_a2a import MoeAlltoAll
 
-from ..nccl_workers import HIDDEN, NUM_EXPERTS, TOP_K, check_errors, check_transport, rank_inputs
+from ..nccl_compile_workers import _unswizzle, check_compiled
+from ..nccl_workers import HIDDEN, NUM_EXPERTS, TOP_K, check_errors, check_transport, poison, rank_inputs
+from .randomized import check_nccl_gpus
+
+# (quant_format, swizzled_scales) of the graph comparison: plain, then each format (fused dispatch, FP8 combine).
+GRAPH_FORMATS = [(None, False), ("fp8_block", False), ("mxfp8", True), ("nvfp4", False), ("nvfp4", True)]
 
 
 def compare_transports(rank: int, ep_size: int, group) -> None:
@@ -40,7 +47,70 @@ def compare_transports(rank: int, ep_size: int, group) -> None:
         assert torch.equal(out1.view(torch.uint8), out2.view(torch.uint8)), f"{fmt}: combine differs"
 
 
-def main() -> None:
+def graphed_rounds(moe: MoeAlltoAll, rank: int, ep_size: int, fmt, swizzled: bool, seeds) -> list:
+    """Dispatch + combine captured in one CUDA graph, replayed once per seed on fresh inputs copied in: per replay
+    (counts, valid receive rows, combine output) on the CPU."""
+    runtime_max = moe.config.max_num_tokens
+    ids, payloads = rank_inputs(ep_size, runtime_max, seeds[0], torch.int64)
+    static_ids, static = ids[rank].cuda(), [p.cuda() for p in payloads[rank]]
+    static_partials = torch.zeros(ep_size, runtime_max, HIDDEN, dtype=torch.bfloat16, device="cuda")
+    gs = torch.full((1,), 3.0, device="cuda") if fmt == "nvfp4" else None
+
+    def step():
+        recv_, counts_ = moe.dispatch(static_ids, static, runtime_max, quant_format=fmt, global_scale=gs,
+                                      swizzled_scales=swizzled)
+        return recv_, counts_, moe.combine(static_partials, quant_format="fp8_block" if fmt else None)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # eager first: buffers, communicators and kernels exist before the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recv, counts, out = step()
+    rounds = []
+    for seed in seeds:
+        ids, payloads = rank_inputs(ep_size, runtime_max, seed, torch.int64)
+        static_ids.copy_(ids[rank])
+        for dst, src in zip(static, payloads[rank]):
+            dst.copy_(src)
+        gen = torch.Generator().manual_seed(seed)
+        static_partials.copy_(torch.randn(ep_size, ep_size, runtime_max, HIDDEN, generator=gen)[rank].bfloat16())
+        poison([*recv, counts, out])
+        torch.cuda.synchronize()
+        dist.barrier()  # every rank poisoned before any replays
+        graph.replay()
+        torch.cuda.synchronize()
+        got = [r.cpu() for r in recv]
+        if swizzled:
+            got = _unswizzle(got, fmt, runtime_max)
+        c = counts.cpu().clone()
+        rows = [g[src, : int(c[src])].contiguous().view(torch.uint8) for g in got for src in range(ep_size)]
+        rounds.append((c, rows, out.cpu().clone()))
+    del graph
+    return rounds
+
+
+def compare_graphs(rank: int, ep_size: int, group) -> None:
+    """nccl and nvlink, each captured in a CUDA graph and replayed on the same fresh inputs: the same counts, valid
+    receive rows (quantized by the fused dispatch) and combine bytes (over the FP8 wire too)."""
+    kw = dict(max_num_tokens=40, top_k=TOP_K, num_experts=NUM_EXPERTS, hidden_size=HIDDEN,
+              extra_dispatch_bytes_per_token=256, device=rank)
+    for fmt, swizzled in GRAPH_FORMATS:
+        results = {}
+        for transport in ("nvlink", "nccl"):
+            moe = MoeAlltoAll(group, transport=transport, **kw)
+            results[transport] = graphed_rounds(moe, rank, ep_size, fmt, swizzled, (70, 71, 72))
+            moe.destroy()
+        for replay, ((c1, rows1, out1), (c2, rows2, out2)) in enumerate(zip(results["nvlink"], results["nccl"])):
+            where = f"{fmt} swizzled={swizzled} replay {replay}"
+            assert torch.equal(c1, c2), (where, c1, c2)
+            assert all(torch.equal(a, b) for a, b in zip(rows1, rows2)), f"{where}: receive rows differ"
+            assert torch.equal(out1.view(torch.uint8), out2.view(torch.uint8)), f"{where}: combine differs"
+
+
+def main(names: list[str]) -> None:
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
@@ -50,13 +120,18 @@ def main() -> None:
         "exact": lambda: check_transport(rank, ep_size, "cuda", exact=True),
         "errors": lambda: check_errors(rank, ep_size, "cuda"),
         "nvlink_equal": lambda: compare_transports(rank, ep_size, dist.group.WORLD),
+        "graph_equal": lambda: compare_graphs(rank, ep_size, dist.group.WORLD),
+        # The padded mode traced whole over NCCL's functional collectives; the kernels are ops, so inductor
+        # compiles no quantizer: every case under both backends.
+        "compiled": lambda: [check_compiled(rank, ep_size, "cuda", backend) for backend in ("aot_eager", "inductor")],
+        "randomized": lambda: check_nccl_gpus(dist.group.WORLD),
     }
-    for name, check in checks.items():
-        check()
+    for name in names or list(checks):
+        checks[name]()
         torch.cuda.synchronize()
         print(f"CHECK {name} rank {rank} ok", flush=True)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

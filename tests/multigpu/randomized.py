@@ -78,9 +78,10 @@ class Case:
         return ", ".join(fields).replace("torch.", "")
 
 
-def draw_case(rng: random.Random, ep_size: int, *, cuda: bool, max_hidden: int = 7168, max_tokens: int = 256) -> Case:
+def draw_case(rng: random.Random, ep_size: int, *, cuda: bool, nccl: bool = False, max_hidden: int = 7168,
+              max_tokens: int = 256) -> Case:
     """A case for ``ep_size`` ranks; without ``cuda`` (the nccl transport on CPU) no graph, split call or pushed
-    combine."""
+    combine; with ``nccl`` (the nccl transport on GPUs) graphs but no split call or pushed combine."""
     num_experts = rng.choice([ep_size, 8 * ep_size + 1, 32 * ep_size, 256, max(1, 3 * ep_size - 1)])
     distinct = rng.random() < 0.8
     top_k = rng.choice([k for k in TOP_KS if k <= num_experts or not distinct])
@@ -109,9 +110,10 @@ def draw_case(rng: random.Random, ep_size: int, *, cuda: bool, max_hidden: int =
                 id_dtype=rng.choice((torch.int32, torch.int64)), minus_one_frac=rng.choice((0.0, 0.0, 0.1, 0.5, 1.0)),
                 skew=rng.choice((None, None, 0.5, 1.5, math.inf)), hidden=hidden, hidden_kind=kind,
                 hidden_dtype=hidden_dtype, fmt=fmt, swizzled=swizzled, extras=extras, combine_dtype=combine_dtype,
-                combine_wire=wire, push=cuda and rng.random() < 0.4,
+                combine_wire=wire, push=cuda and not nccl and rng.random() < 0.4,
                 partials=rng.choice(("zero_copy", "tensor") if wire else ("zero_copy", "tensor", "misaligned")),
-                caller_out=rng.random() < 0.5, graph=graph, split=cuda and not graph and rng.random() < 0.3,
+                caller_out=rng.random() < 0.5, graph=graph,
+                split=cuda and not nccl and not graph and rng.random() < 0.3,
                 max_tokens=most, rounds=tuple(rounds))
 
 
@@ -401,6 +403,7 @@ def run_suite(group, comm, *, transport: str = "nvlink", device: str = "cuda", c
         print(f"randomized: {comm.size} ranks, seed {seed} (FLASHINFER_A2A_TEST_SEED), up to {cases} cases in "
               f"{seconds:g} s", flush=True)
     start, cuda = time.monotonic(), device == "cuda"
+    limits["nccl"] = transport == "nccl"
 
     def run(name: str, case: Case, case_seed: int) -> None:
         if comm.rank == 0:
@@ -431,6 +434,14 @@ def run_suite(group, comm, *, transport: str = "nvlink", device: str = "cuda", c
 def check_randomized(group, comm) -> None:
     """worker.py's check: one process per GPU (or several sharing GPU 0, FLASHINFER_A2A_TEST_SHARED_GPU=1)."""
     run_suite(group, comm)
+
+
+def check_nccl_gpus(group) -> None:
+    """The nccl transport on GPUs (tests/multigpu/nccl_worker.py, an NCCL process group): its kernels, eager and
+    replayed from CUDA graphs."""
+    from flashinfer_a2a.comm import as_communicator
+
+    run_suite(group, as_communicator(group), transport="nccl")
 
 
 def check_gloo(rank: int, ep_size: int, device) -> None:
