@@ -15,7 +15,8 @@ from .library.checks import check_combine_tensors
 from .library.combine_mode import pushed_wires
 from .library.wire_formats import check_combine_format, wire_format
 from .transports.base import Transport
-from .transports.nccl import NcclTransport, check_transport, process_group_of, resolve_transport
+from .transports.hierarchical import HierarchicalTransport, check_transport_choice
+from .transports.nccl import NcclTransport, process_group_of, resolve_transport
 from .transports.nvlink import NvlinkTransport
 from .transports.overlap import check_comm_stream
 
@@ -61,8 +62,14 @@ class MoeAlltoAll:
             :mod:`flashinfer_a2a.transports.nccl` and docs/multi_node.md) or ``"auto"``: nvlink when every rank can map
             every peer's memory, decided collectively, else nccl. The same calls, layouts and results either way,
             and both trace under ``torch.compile(fullgraph=True)`` (nccl: padded mode, docs/multi_node.md).
+            ``"hierarchical"`` (with ``node_size``): NCCL between nodes, one-sided NVLink inside each (gloo on CPU);
+            the same calls and results, eager or in CUDA graphs, not traced by torch.compile.
         exact: nccl only: exchange the counts first (a host synchronisation, eager only), then move only the routed
             rows instead of every rank's ``runtime_max`` rows.
+        node_size: with ``transport="hierarchical"``, the ranks of one node (contiguous ranks form a node; it divides
+            the group's size): each token crosses the network once per node that holds one of its experts, over
+            NCCL, then reaches that node's ranks over NVLink (:mod:`flashinfer_a2a.transports.hierarchical`,
+            docs/multi_node.md). Results are the other transports' bit for bit.
         namespace: every MoeAlltoAll of one group and namespace shares one workspace, grown to the largest of their
             sizes (:mod:`flashinfer_a2a.memory.shared_workspace`); give a draft model, or graphs live alongside others,
             a namespace of its own. One dispatch may be pending per shared workspace.
@@ -96,6 +103,7 @@ class MoeAlltoAll:
         device: Optional[int | str] = None,
         transport: str = "auto",
         exact: bool = False,
+        node_size: Optional[int] = None,
         namespace: str = "default",
         num_sms: Optional[int] = None,
         comm_stream: bool | torch.cuda.Stream | None = None,
@@ -107,10 +115,10 @@ class MoeAlltoAll:
             hidden_size=hidden_size, dtype=dtype, extra_dispatch_bytes_per_token=extra_dispatch_bytes_per_token,
             dispatch_format=dispatch_format, swizzled_scales=swizzled_scales, combine_format=combine_format,
             push_combine=push_combine, dispatch_bytes_per_token=dispatch_bytes_per_token,
-            combine_bytes_per_token=combine_bytes_per_token, transport=transport, exact=exact,
+            combine_bytes_per_token=combine_bytes_per_token, transport=transport, exact=exact, node_size=node_size,
             num_sms=num_sms, namespace=namespace,  # the namespace too: sharing and growth must be collective
             comm_stream=comm_stream is not None and comm_stream is not False))
-        check_transport(transport, exact)
+        check_transport_choice(transport, exact, node_size, self.comm.size)
         check_comm_stream(comm_stream)
         if num_sms is not None and (not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 1):
             raise ValueError(f"num_sms must be None (every multiprocessor) or an int >= 1, got {num_sms!r}")
@@ -156,6 +164,11 @@ class MoeAlltoAll:
             self._transport = NcclTransport(process_group_of(self.comm), num_experts=num_experts,
                                             max_num_tokens=max_num_tokens, device=device, exact=exact,
                                             debug=self._debug)
+        elif self.transport == "hierarchical":  # NCCL between nodes, the node's own transport inside
+            self._transport = HierarchicalTransport(self.comm, node_size=node_size, num_experts=num_experts,
+                                                    requested=self.requested, device=device, namespace=namespace,
+                                                    num_sms=self.num_sms, timeout_s=self._timeout_s,
+                                                    debug=self._debug)
         else:  # the combine mode comes from arguments every rank agreed on, so every rank picks the same one
             self._transport = NvlinkTransport(self.comm, group, namespace, self.requested, device,
                                               num_experts=num_experts, num_sms=self.num_sms,

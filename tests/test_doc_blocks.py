@@ -26,6 +26,8 @@ import pytest
 
 from flashinfer_a2a.memory import shared_workspace
 
+from .examples import run_on_cpu_under_torchrun
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = (REPO / "docs" / "examples" / "quickstart.py").read_text()
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -46,6 +48,7 @@ INCLUDED = {
     "quantized.py": "tests/gpu/test_doc_blocks_gpu.py::test_example_runs_under_torchrun_on_one_gpu",
     "overlap.py": "tests/gpu/test_doc_blocks_gpu.py::test_example_runs_under_torchrun_on_one_gpu",
     "transports.py": "tests/test_doc_blocks.py::test_transports_example_runs_on_cpu_under_torchrun",
+    "hierarchical.py": "tests/test_hierarchical_transport.py::test_example_runs_on_cpu_under_torchrun",
     "ep_moe_layer.py": "tests/gpu/test_ep_moe_layer.py::test_eager_layer_equals_the_dense_layer",
     "vllm_adapter.py": "tests/gpu/test_compat_engines.py::test_vllm_prepare_finalize_sequence",
     "sglang_adapter.py": "tests/gpu/test_compat_engines.py::test_sglang_dispatcher_sequence",
@@ -150,16 +153,7 @@ def test_jit_aot_block_runs_on_cpu(capsys):
 
 
 def test_transports_example_runs_on_cpu_under_torchrun():
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # no GPU: gloo, and the nccl transport over it
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    # Through tests/example_main.py, which skips interpreter finalization once the file has run: gloo aborts a rank
-    # there now and then (see that file).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(26500 + os.getpid() % 1000), str(REPO / "tests" / "example_main.py"),
-           str(REPO / "docs" / "examples" / "transports.py")]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    out = run_on_cpu_under_torchrun("transports", 2, 26500)  # no GPU: gloo, and the nccl transport over it
     for rank in range(2):
         assert f"rank {rank}: MoeAlltoAll over the nccl transport ok" in out, out[-6000:]
         assert f"rank {rank}: NcclTransport ok" in out, out[-6000:]

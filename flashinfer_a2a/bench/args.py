@@ -31,7 +31,7 @@ ROUTINGS = ("uniform", "skewed")
 MODES = ("graph", "eager")
 IMPLS = ("a2a", "nccl_a2a", "nccl_ag_rs")
 QUANT_FORMATS = ("fp8_block", "mxfp8", "nvfp4")
-TRANSPORTS = ("nvlink", "nccl")
+TRANSPORTS = ("nvlink", "nccl", "hierarchical")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +57,7 @@ class BenchArgs:
     overlap: bool = False  # time the dual-batch overlap study (flashinfer_a2a.bench.overlap) instead
     pair_group: int = GRAPH_PAIR_GROUP  # graph mode: iterations per timed sample of the pair (bench.timing)
     floor: Optional[str] = None  # link_floor.py's JSON: rows of this package as multiples of the floor (bench.floor)
+    node_size: Optional[int] = None  # --transport hierarchical: ranks per node
 
 
 def _positive_int(text: str) -> int:
@@ -132,8 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the routing and the payloads (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--transport", choices=TRANSPORTS, default="nvlink",
-                        help="MoeAlltoAll's transport for our rows: nvlink (one-sided) or nccl (the NCCL process "
-                        "group's collectives; one process per GPU); default %(default)s")
+                        help="MoeAlltoAll's transport for our rows: nvlink (one-sided), nccl (the NCCL process "
+                        "group's collectives; one process per GPU) or hierarchical (NCCL between nodes of "
+                        "--node-size ranks, NVLink inside each); default %(default)s")
+    parser.add_argument("--node-size", type=_positive_int, metavar="N",
+                        help="--transport hierarchical: ranks per node (contiguous ranks form a node; e.g. 2 on 4 "
+                             "GPUs times 2 nodes of 2)")
     parser.add_argument("--num-sms", nargs="+", type=_list_of(_positive_int), metavar="N",
                         help="SM budgets (MoeAlltoAll num_sms) timed as rows a2a-sm<N> besides the whole GPU")
     parser.add_argument("--floor", metavar="JSON",
@@ -161,6 +166,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         parser.error(f"--sim-ranks must be at most {MAX_EP_SIZE}, got {ns.sim_ranks}")
     if ns.skew < 0:
         parser.error(f"--skew must be >= 0, got {ns.skew}")
+    if (ns.transport == "hierarchical") != (ns.node_size is not None):
+        parser.error("--node-size goes with --transport hierarchical, and it needs one")
     return BenchArgs(
         model=ns.model if (ns.hidden, ns.num_experts, ns.top_k) == (None, None, None) else "custom",
         shape=shape,
@@ -183,4 +190,5 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         num_sms=_flatten(ns.num_sms, ()),
         overlap=ns.overlap,
         floor=ns.floor,
+        node_size=ns.node_size,
     )

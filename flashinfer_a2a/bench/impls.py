@@ -140,9 +140,9 @@ class A2A:
     def __init__(self, args: BenchArgs, session: Session, dtype: torch.dtype, variant: Variant = Variant()) -> None:
         self.session, self.num_experts, self.variant = session, args.shape.num_experts, variant
         max_tokens = max(args.tokens)
-        if session.simulated and args.transport == "nccl":
-            raise ValueError("--transport nccl needs one process per GPU (launch with torchrun or mpirun): "
-                             "simulated ranks share one GPU, which NCCL refuses")
+        if session.simulated and args.transport != "nvlink":
+            raise ValueError(f"--transport {args.transport} needs one process per GPU (launch with torchrun or "
+                             "mpirun): simulated ranks share one GPU, which NCCL refuses")
         if session.simulated:
             config = F.WorkspaceConfig(ep_size=session.ep_size, max_num_tokens=max_tokens,
                                        dispatch_bytes_per_token=dispatch_row_bytes(args, dtype, variant),
@@ -151,8 +151,9 @@ class A2A:
             self.sim = SimulatedRanks(config, session.device)
             self.moe = None
         else:
-            nccl = args.transport == "nccl"  # the NCCL group: the bootstrap group may be gloo or MPI
+            nccl = args.transport != "nvlink"  # the NCCL group: the bootstrap group may be gloo or MPI
             self.moe = MoeAlltoAll(session.nccl_group if nccl else session.group, transport=args.transport,
+                                   node_size=args.node_size,
                                    max_num_tokens=max_tokens, top_k=args.shape.top_k,
                                    num_experts=args.shape.num_experts, hidden_size=args.shape.hidden, dtype=dtype,
                                    extra_dispatch_bytes_per_token=routing_payload_bytes(args),
