@@ -47,10 +47,12 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..comm import as_communicator
+from ..library import ops
 from ..library.checks import check_combine_tensors, check_topk_ids_on_host
 from ..library.errors import eager_call
 from ..library.layout import WorkspaceConfig
-from ..library.wire_formats import check_combine_format
+from ..library.nccl_wire import dispatch_wire
+from ..library.wire_formats import WireFormat, check_combine_format
 from ..reference import quant
 from .nccl import TRANSPORTS as FLAT_TRANSPORTS
 from .nccl import NcclTransport, check_transport
@@ -212,9 +214,7 @@ class HierarchicalTransport:
             self._check_same_call(runtime_max)
         wire = list(payloads)
         if fmt is not None:
-            if fmt.name == "nvfp4" and not isinstance(global_scale, torch.Tensor):  # made on the device: no host copy
-                global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=self.device)
-            wire[:1] = quantize(payloads[0], fmt, global_scale)
+            wire[:1] = self._quantize(payloads[0], topk_ids, fmt, global_scale)
         layout = _RowLayout(self._header(), tuple(widths))
         mask = rank_mask(topk_ids, self.num_experts, self.split.ep_size)
         forwarded = self._to_nodes(mask, wire, layout, runtime_max)
@@ -228,6 +228,21 @@ class HierarchicalTransport:
         self.scratch.order.advance("dispatch")
         self._calls += 1
         return recv, self.recv_counts
+
+    def _quantize(self, x: torch.Tensor, topk_ids: torch.Tensor, fmt: WireFormat, global_scale) -> list[torch.Tensor]:
+        """Values and scales of ``x`` in ``fmt``: on a GPU by the nccl transport's pack kernel for one rank (one
+        launch, the NVLink fused dispatch's quantizer), on CPU by its torch twin; the same bits either way."""
+        if fmt.name == "nvfp4" and not isinstance(global_scale, torch.Tensor):  # made on the device: no host copy
+            global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=self.device)
+        if self.device.type != "cuda" or x.shape[0] == 0:
+            return quantize(x, fmt, global_scale)
+        num_tokens, hidden = x.shape
+        wire = dispatch_wire(1, num_tokens, [hidden * x.element_size()], fmt, hidden)
+        packed = self._buffer("quantized", (wire.total_bytes,), torch.uint8)
+        scale = None if global_scale is None else global_scale.reshape(1).float()
+        ops.nccl_pack(packed, topk_ids.contiguous(), [x.contiguous()], 1, num_tokens, self.num_experts, fmt.code,
+                      scale, False)
+        return [wire.segment(packed, 0).view(fmt.value_dtype), wire.segment(packed, 1).view(fmt.scale_dtype)]
 
     def _to_nodes(self, mask: torch.Tensor, wire: Sequence[torch.Tensor], layout: _RowLayout,
                   runtime_max: int) -> torch.Tensor:
