@@ -50,8 +50,9 @@ class MoeAlltoAll:
         push_combine: size the combine region for the pushed combine of plain ``dtype`` partials too (twice the
             combine bytes per token): with every rank on a GPU of its own, :meth:`combine` then stores each partial
             into its owner's workspace and the owner sums the rows as they land (stores cross NVLink faster than
-            loads), instead of every owner pulling the partials after all ranks published them. On 2xH100 that is
-            faster at 8192 tokens per rank and 7 to 11 us slower per combine at 1024 and below (docs/benchmarks.md).
+            loads), instead of every owner pulling the partials after all ranks published them; from 4096 tokens
+            per rank only (``runtime_max``), where that is the faster one (2-3% at 4096-8192 on 2 GPUs); below, the
+            combine stays pulled (docs/benchmarks.md).
             These two arguments alone choose the pushed combine (see :meth:`combine_mode`); a large
             ``combine_bytes_per_token`` never does.
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive
@@ -229,11 +230,14 @@ class MoeAlltoAll:
         outputs here and call :meth:`combine` with no partials."""
         return self._transport.combine_input(*self._combine_row(hidden, dtype))
 
-    def combine_mode(self, quant_format: Optional[str] = None) -> str:
-        """``"push"`` or ``"pull"``: how :meth:`combine` with this ``quant_format`` moves the partials. Pushed
-        where the construction asked for it (``push_combine``, or ``combine_format`` equal to ``quant_format``) and
-        every rank has a GPU of its own (ranks sharing one always pull)."""
-        return self._transport.combine_mode(quant_format)
+    def combine_mode(self, quant_format: Optional[str] = None, runtime_max: Optional[int] = None) -> str:
+        """``"push"`` or ``"pull"``: how :meth:`combine` with this ``quant_format`` after a dispatch of
+        ``runtime_max`` tokens per rank (default: the pending dispatch's, else ``max_num_tokens``) moves the
+        partials. Pushed where the construction asked for it (``push_combine``, or ``combine_format`` equal to
+        ``quant_format``) and every rank has a GPU of its own (ranks sharing one always pull), and for plain
+        partials only from :data:`flashinfer_a2a.library.combine_mode.PUSH_MIN_TOKENS` (4096) tokens per rank, below
+        which the pulled combine is the faster one."""
+        return self._transport.combine_mode(quant_format, runtime_max)
 
     def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
                 timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> torch.Tensor:

@@ -40,8 +40,9 @@ class Transport(Protocol):
     def combine_recv(self, out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype) -> torch.Tensor:
         """``out`` (the one given to :meth:`combine_send`, else a new one when None)."""
 
-    def combine_mode(self, quant_format: Optional[str]) -> str:
-        """``"push"`` or ``"pull"``: how :meth:`combine` with this wire moves the partials."""
+    def combine_mode(self, quant_format: Optional[str], runtime_max: Optional[int] = None) -> str:
+        """``"push"`` or ``"pull"``: how :meth:`combine` with this wire moves the partials after a dispatch of
+        ``runtime_max`` tokens per rank (default: the pending dispatch's, else the largest)."""
 
     def workspace_breakdown(self) -> str: ...
 

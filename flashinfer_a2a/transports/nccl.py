@@ -489,7 +489,7 @@ class NcclTransport:
     def bind_stream(self, stream: Optional[torch.cuda.Stream]) -> None:
         raise _nvlink_only("bind_stream")
 
-    def combine_mode(self, quant_format: Optional[str] = None) -> str:
+    def combine_mode(self, quant_format: Optional[str] = None, runtime_max: Optional[int] = None) -> str:
         check_combine_format(quant_format, "combine quant_format")
         return "pull"  # each rank gets its tokens' partials back and sums them
 
