@@ -191,4 +191,19 @@ def check_layers(rank: int, ep_size: int, device) -> None:
         moe.destroy()
 
 
-CHECKS = {"node_sizes": check_node_sizes, "idle": check_idle_step, "errors": check_errors, "layers": check_layers}
+def check_subgroups(rank: int, world_size: int, device) -> None:
+    """Two expert-parallel groups of 2 in a world of 4, ranks [0, 1] and [2, 3], each as 2 nodes of 1: their
+    sub-groups are created by their own ranks only, at the same time."""
+    import torch.distributed as dist
+
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = groups[rank // 2]
+    moe = MoeAlltoAll(group, max_num_tokens=MAX_TOKENS, top_k=TOP_K, num_experts=NUM_EXPERTS, hidden_size=HIDDEN,
+                      device="cpu", transport="hierarchical", node_size=1)
+    for i in range(2):
+        run_plain(moe, rank % 2, 2, device, 800 + 10 * (rank // 2) + i, torch.int64, zero_copy=i == 1)
+    moe.destroy()
+
+
+CHECKS = {"node_sizes": check_node_sizes, "idle": check_idle_step, "errors": check_errors, "layers": check_layers,
+          "subgroups": check_subgroups}

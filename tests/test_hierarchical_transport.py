@@ -16,8 +16,8 @@ def test_node_sizes_on_gloo(tmp_path):
     spawn_gloo(["node_sizes"], 4, tmp_path, timeout_s=600, module=MODULE)
 
 
-def test_idle_steps_errors_and_layers_on_gloo(tmp_path):
-    spawn_gloo(["idle", "errors", "layers"], 4, tmp_path, module=MODULE)
+def test_idle_steps_errors_layers_and_subgroups_on_gloo(tmp_path):
+    spawn_gloo(["idle", "errors", "layers", "subgroups"], 4, tmp_path, module=MODULE)
 
 
 def test_node_split():

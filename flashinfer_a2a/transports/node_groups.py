@@ -68,6 +68,12 @@ def node_groups(group: Any, split: NodeSplit, device: torch.device) -> tuple[Any
         # A group smaller than the world is created by its members only (hashed names): the other ranks of the world
         # may be running anything. The world itself uses the usual counted names, created by every rank.
         local_sync = len(ranks) != dist.get_world_size()
+        if local_sync and peer_backend == "nccl" and getattr(dist.group.WORLD, "bound_device_id", None) is not None:
+            # torch would split the default group's communicator, which every rank of the world must join.
+            raise ValueError("transport='hierarchical' over a group smaller than the world needs a default group "
+                             "bound to no device (torch makes NCCL sub-groups of a device-bound one by splitting its "
+                             "communicator, with every rank of the world): call init_process_group without device_id, "
+                             "or build the layer over the world")
         size, nodes = split.node_size, split.num_nodes
         made = [dist.new_group(ranks[n * size:(n + 1) * size], backend="gloo", use_local_synchronization=local_sync)
                 for n in range(nodes)]
