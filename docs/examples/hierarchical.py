@@ -7,8 +7,6 @@ sub-groups (NCCL between the nodes, gloo to set up each node's symmetric memory)
 gloo on the CPU, and each node's stage is the nccl transport over gloo: that is how the test suite runs this file.
 """
 
-from flashinfer_a2a.reference import token_rank_mask
-
 # begin hierarchical
 import os
 
@@ -22,7 +20,7 @@ if torch.cuda.is_available():
 else:  # CPU: gloo for both stages
     device = torch.device("cpu")
     dist.init_process_group("gloo")
-rank, ep_size = dist.get_rank(), dist.get_world_size()
+rank = dist.get_rank()
 
 # Contiguous ranks form a node: node_size=2 makes ranks 0, 1 one node and 2, 3 the other (node_size=8 on HGX hosts).
 a2a = MoeAlltoAll(dist.group.WORLD, max_num_tokens=128, top_k=8, num_experts=64, hidden_size=1024, device=device,
@@ -34,9 +32,13 @@ a2a.combine_input()[...] = recv_x  # identity experts' outputs (or a2a.combine(p
 out = a2a.combine()                # hidden_states[t] times the number of ranks t went to
 # end hierarchical
 
-# Exact: a bf16 value times a small count, summed in fp32, is representable again.
-went_to = token_rank_mask(topk_ids, 64, ep_size).sum(-1, keepdim=True)
-assert torch.equal(out, (hidden_states.float() * went_to).to(torch.bfloat16)), "hierarchical combine differs"
+# The flat nccl transport on the same inputs: the same receive counts and, bit for bit, the same output.
+flat = MoeAlltoAll(dist.group.WORLD, max_num_tokens=128, top_k=8, num_experts=64, hidden_size=1024, device=device,
+                   transport="nccl")
+(flat_x, _, _), flat_counts = flat.dispatch(topk_ids, [hidden_states, topk_ids, topk_weights])
+flat.combine_input()[...] = flat_x
+assert torch.equal(flat_counts, recv_counts) and torch.equal(flat.combine(), out), "differs from the flat transport"
 print(f"rank {rank}: MoeAlltoAll over the {a2a.transport} transport ok, received {recv_counts.tolist()}", flush=True)
-a2a.destroy()
+for layer in (a2a, flat):
+    layer.destroy()
 dist.destroy_process_group()

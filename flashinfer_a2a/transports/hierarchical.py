@@ -188,9 +188,8 @@ class HierarchicalTransport:
                  timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
                  global_scale: Optional[torch.Tensor | float] = None,
                  swizzled_scales: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """See :meth:`flashinfer_a2a.MoeAlltoAll.dispatch`: ``(recv_payloads, recv_counts)``, each payload
-        ``[ep_size, runtime_max, ...]`` (a quantized first payload as values and scales), valid until the next
-        dispatch."""
+        """Steps 1-3 of the module docstring; returns what the flat transports return, in their layout (receive
+        buffers shared by the layers of this namespace, valid until its next dispatch)."""
         if not self._alive:
             raise RuntimeError("this MoeAlltoAll was destroyed")
         if torch.compiler.is_compiling():
