@@ -130,6 +130,21 @@ _WIRE = 'NcclCombineWire: CheckNcclBuffer(wire, "wire", {rows, p.wire_row_bytes}
 _TILES = ("NcclSelect: tiles ? r.ndim() == 2 && r.size(0) == ep_size && NcclRowBytes(r) == swizzled_block : "
           "r.ndim() >= 2 && r.size(0) == ep_size && r.size(1) == runtime_max")
 
+
+def _combine_buffer_rows(op: str, entry: str, name: str, shape_key: str, width: int) -> dict:
+    """The rows of a combine's ``[32, width]`` uint8 buffer argument: its shape, its device, its alignment."""
+    return {
+        shape_key: Bad(op, lambda: {name: tensor(torch.uint8, (32, width - 1))}, ValueError,
+                       rf"{name} must be uint8 of shape \[32, {width}\]"),
+        f'{entry}: CheckNcclInput({name}, "{name}", partials, "partials")':
+            Bad(op, lambda: {name: tensor(torch.uint8, (32, width), "cpu")}, ValueError,
+                f"{name} must be a CUDA tensor"),
+        f'{entry}: CheckNcclAligned({name}, "{name}")':
+            Bad(op, lambda: {name: tensor(torch.uint8, (32, width), offset=8)}, ValueError,
+                f"{name} must start on a 16-byte boundary"),
+    }
+
+
 #: every C++ check the nccl entries reach (but the shared helpers' own, in fake_check_table.TABLE) -> the inputs
 #: that fail it
 TABLE: dict = {
@@ -300,15 +315,7 @@ TABLE: dict = {
             r"recv_counts must be int32 of shape \[ep_size=2\]"),
     "NcclCombineWire: CheckNcclPartials(partials, ep_rank, true)":
         Bad("nccl_combine_wire", lambda: dict(ep_rank=-1), ValueError, "ep_rank must be in"),
-    _WIRE:
-        Bad("nccl_combine_wire", lambda: dict(wire=tensor(torch.uint8, (32, 136))), ValueError,
-            r"wire must be uint8 of shape \[32, 144\]"),
-    'NcclCombineWire: CheckNcclInput(wire, "wire", partials, "partials")':
-        Bad("nccl_combine_wire", lambda: dict(wire=tensor(torch.uint8, (32, 144), "cpu")), ValueError,
-            "wire must be a CUDA tensor"),
-    'NcclCombineWire: CheckNcclAligned(wire, "wire")':
-        Bad("nccl_combine_wire", lambda: dict(wire=tensor(torch.uint8, (32, 144), offset=8)), ValueError,
-            "wire must start on a 16-byte boundary"),
+    **_combine_buffer_rows("nccl_combine_wire", "NcclCombineWire", "wire", _WIRE, 144),
     'NcclCombineWire: CheckNcclInput(recv_counts, "recv_counts", partials, "partials")':
         Bad("nccl_combine_wire", lambda: dict(recv_counts=counts(strides=(2,))), ValueError,
             "recv_counts must be contiguous"),
@@ -332,15 +339,7 @@ TABLE: dict = {
     'NcclCombineSum: CheckNcclAligned(out, "out")':
         Bad("nccl_combine_sum", lambda: dict(fp8_wire=True, out=rows(5, 128, offset=1)), ValueError,
             "out must start on a 16-byte boundary"),
-    _RETURNED:
-        Bad("nccl_combine_sum", lambda: dict(returned=tensor(torch.uint8, (32, 255))), ValueError,
-            r"returned must be uint8 of shape \[32, 256\]"),
-    'NcclCombineSum: CheckNcclInput(returned, "returned", partials, "partials")':
-        Bad("nccl_combine_sum", lambda: dict(returned=tensor(torch.uint8, (32, 256), "cpu")), ValueError,
-            "returned must be a CUDA tensor"),
-    'NcclCombineSum: CheckNcclAligned(returned, "returned")':
-        Bad("nccl_combine_sum", lambda: dict(returned=tensor(torch.uint8, (32, 256), offset=1)), ValueError,
-            "returned must start on a 16-byte boundary"),
+    **_combine_buffer_rows("nccl_combine_sum", "NcclCombineSum", "returned", _RETURNED, 256),
     'NcclCombineSum: CheckNcclInput(send, "send", partials, "partials")':
         Bad("nccl_combine_sum", lambda: dict(send=tensor(torch.uint8, (16,), strides=(2,))), ValueError,
             "send must be contiguous"),
