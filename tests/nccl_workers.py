@@ -53,6 +53,18 @@ def check_recv(rank, recv, counts, ref, runtime_max) -> None:
             assert torch.equal(a, b), f"payload {p} from rank {src}: rows differ"
 
 
+def unswizzled_scales(grid: torch.Tensor, counts: torch.Tensor, runtime_max: int, cols: int) -> torch.Tensor:
+    """``[ep_size, runtime_max, cols]`` scale rows of a swizzled receive grid (CPU), after checking the padding
+    columns of each source's valid rows (below ``counts[src]``) are 0. Rows past the counts are unspecified (the
+    contract, functional.dispatch): the GPU select kernel writes only the rows it receives, so the rest of a grid
+    holds whatever its buffer held."""
+    padded_cols = -(-cols // 4) * 4
+    rows = quant.unswizzle_scales_128x4(grid, -(-runtime_max // 128) * 128, padded_cols)
+    for src, c in enumerate(counts.tolist()):
+        assert not rows[src, :c, cols:].view(torch.uint8).any(), f"scale padding columns from rank {src} must be 0"
+    return rows[:, :runtime_max, :cols]
+
+
 def run_plain(moe: MoeAlltoAll, rank: int, ep_size: int, device, seed: int, id_dtype, zero_copy: bool) -> None:
     """One dispatch + combine of bf16 payloads, bitwise against the reference."""
     runtime_max = moe.config.max_num_tokens
@@ -87,10 +99,8 @@ def run_quantized(moe: MoeAlltoAll, rank: int, ep_size: int, device, seed: int, 
                                 quant_format=fmt, global_scale=global_scale, swizzled_scales=swizzled)
     if swizzled:
         cols = -(-HIDDEN // (quant.MXFP8_BLOCK if fmt == "mxfp8" else quant.NVFP4_BLOCK))
-        padded_cols = -(-cols // 4) * 4
-        rows = quant.unswizzle_scales_128x4(recv[1].cpu(), -(-runtime_max // 128) * 128, padded_cols)
-        assert bool((rows[:, :, cols:].view(torch.uint8) == 0).all()), "scale padding columns must be 0"
-        recv = [recv[0], rows[:, :runtime_max, :cols], *recv[2:]]
+        rows = unswizzled_scales(recv[1].cpu(), ref.recv_counts[rank], runtime_max, cols)
+        recv = [recv[0], rows, *recv[2:]]
     check_recv(rank, recv, counts, ref, runtime_max)
     gen = torch.Generator().manual_seed(seed + 1)
     partials = [torch.randn(ep_size, runtime_max, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(ep_size)]

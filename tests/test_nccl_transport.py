@@ -12,7 +12,7 @@ from flashinfer_a2a.transports.nccl import check_transport, process_group_of, re
 from flashinfer_a2a.transports.nccl_torch import mask_planes, rank_mask, unpack_mask
 from flashinfer_a2a.reference import random_topk_ids, token_rank_mask
 
-from .nccl_workers import spawn_gloo
+from .nccl_workers import spawn_gloo, unswizzled_scales
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -23,6 +23,31 @@ def test_padded_on_gloo(tmp_path, world_size):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_exact_on_gloo(tmp_path, world_size):
     spawn_gloo(["exact"], world_size, tmp_path)
+
+
+def test_swizzled_scale_check_reads_valid_rows_only():
+    """The receive check of swizzled scales (nccl_workers.run_quantized) holds the transport to the contract: padding
+    columns of valid rows are 0, rows past recv_counts are unspecified. The GPU select kernel writes only the rows it
+    receives, so a grid's other rows keep what its buffer held (poison, or a freed tensor's bytes)."""
+    from flashinfer_a2a.reference import quant
+
+    ep_size, runtime_max, cols, counts = 2, 40, 7, torch.tensor([5, 0], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.randint(1, 255, (ep_size, runtime_max, 8), generator=gen, dtype=torch.uint8)
+    scales[:, :, cols:] = 0
+    grid = quant.swizzle_scales_128x4(scales)
+    # What the kernel leaves: every row past the counts as the buffer held it (0xFF), padding columns included.
+    rows_128 = torch.arange(128).view(1, -1, 1)
+    past = (rows_128 >= counts.view(-1, 1, 1).long()).expand(ep_size, 128, 8)
+    index = quant._swizzled_index(128, 8)
+    flat = grid.clone()
+    for src in range(ep_size):
+        flat[src, index[past[src]]] = 0xFF
+    got = unswizzled_scales(flat, counts, runtime_max, cols)
+    assert torch.equal(got[0, :5], scales[0, :5, :cols])
+    flat[0, index[4, cols]] = 1  # a padding column of a valid row
+    with pytest.raises(AssertionError, match="padding columns from rank 0"):
+        unswizzled_scales(flat, counts, runtime_max, cols)
 
 
 @pytest.mark.parametrize("num_experts, ep_size", [(256, 8), (10, 4), (3, 5), (72, 72), (7, 1)])
