@@ -39,9 +39,8 @@ tvm::ffi::Function BindDispatch(Tensor workspace, Tensor recv_counts, int64_t ep
 void DispatchRecv(TensorView workspace, TensorView recv_counts, int64_t ep_rank, int64_t ep_size,
                   int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
                   int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank, double timeout_s);
-tvm::ffi::Function BindDispatchRecv(Tensor workspace, Tensor recv_counts, int64_t ep_rank, int64_t ep_size,
-                                    int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
-                                    int64_t combine_bytes_per_token);
+tvm::ffi::Function BindDispatchRecv(Tensor workspace, int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens,
+                                    int64_t top_k, int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token);
 // combine.cu
 void Combine(TensorView workspace, Optional<Tensor> partials, TensorView recv_counts, TensorView out,
              int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,

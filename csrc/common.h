@@ -100,7 +100,8 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
-// The caller's current stream (tvm-ffi takes it from torch's current stream when torch tensors are passed).
+// The caller's current stream (tvm-ffi takes it from torch's current stream when the call passes a torch tensor;
+// a call that passes none gets the stream nothing set, the legacy default one: every launching entry takes one).
 inline cudaStream_t CurrentStream(const TensorView& t) {
   return static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, t.device().device_id));
 }

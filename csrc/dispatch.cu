@@ -233,14 +233,18 @@ tvm::ffi::Function BindDispatch(tvm::ffi::Tensor workspace, tvm::ffi::Tensor rec
       });
 }
 
-// DispatchRecv with the same arguments bound (the receive half of a split dispatch sent through BindDispatch).
-tvm::ffi::Function BindDispatchRecv(tvm::ffi::Tensor workspace, tvm::ffi::Tensor recv_counts, int64_t ep_rank,
-                                    int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
-                                    int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token) {
-  return tvm::ffi::Function::FromTyped([=](int64_t runtime_max_tokens_per_rank, double timeout_s) {
-    DispatchRecv(workspace, recv_counts, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
-                 combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s);
-  });
+// DispatchRecv with the workspace, rank and sizes bound (the receive half of a split dispatch sent through
+// BindDispatch). The counts tensor is passed at each call, not bound: tvm-ffi sets the stream CurrentStream reads
+// (torch's current stream) only from a tensor argument of the call, and a call with none would launch on the
+// legacy default stream, whatever stream the caller (or a communication stream) made current.
+tvm::ffi::Function BindDispatchRecv(tvm::ffi::Tensor workspace, int64_t ep_rank, int64_t ep_size,
+                                    int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
+                                    int64_t combine_bytes_per_token) {
+  return tvm::ffi::Function::FromTyped(
+      [=](TensorView recv_counts, int64_t runtime_max_tokens_per_rank, double timeout_s) {
+        DispatchRecv(workspace, recv_counts, ep_rank, ep_size, max_num_tokens, top_k, dispatch_bytes_per_token,
+                     combine_bytes_per_token, runtime_max_tokens_per_rank, timeout_s);
+      });
 }
 
 }  // namespace flashinfer_a2a

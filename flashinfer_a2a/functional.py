@@ -97,10 +97,12 @@ def dispatch_counts(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConf
         debug_check_ids(topk_ids, num_experts)
     if recv_counts is None:
         recv_counts = torch.empty(config.ep_size, dtype=torch.int32, device=topk_ids.device)
-    (launch or ops.dispatch)(workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(),
-                             runtime_max_tokens_per_rank, num_experts, _config.timeout_or_default(timeout_s),
-                             0 if fmt is None else fmt.code, global_scale_tensor(global_scale, workspace),
-                             swizzled_scales, phase, num_sms, one_gpu_per_rank)
+    # `launch is None`, not `launch or ops.dispatch`: dynamo (torch 2.11) cannot take the truth of a function
+    # made inside the traced code (CommStream.op's).
+    (ops.dispatch if launch is None else launch)(
+        workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
+        num_experts, _config.timeout_or_default(timeout_s), 0 if fmt is None else fmt.code,
+        global_scale_tensor(global_scale, workspace), swizzled_scales, phase, num_sms, one_gpu_per_rank)
     if debug:
         debug_check(workspace, ep_rank, True)
     return recv_counts
@@ -172,9 +174,10 @@ def combine(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, recv
     """
     out = combine_output(workspace, num_tokens, partials, out, hidden, dtype)
     check_combine_format(quant_format, "combine quant_format")
-    (launch or ops.combine)(workspace, partials, recv_counts, out, ep_rank, *config.sizes(),
-                            runtime_max_tokens_per_rank, _config.timeout_or_default(timeout_s), one_gpu_per_rank,
-                            0 if quant_format is None else 1, combine_mode_code(combine_mode), phase, num_sms)
+    (ops.combine if launch is None else launch)(  # not `launch or ...`: see dispatch_counts
+        workspace, partials, recv_counts, out, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
+        _config.timeout_or_default(timeout_s), one_gpu_per_rank, 0 if quant_format is None else 1,
+        combine_mode_code(combine_mode), phase, num_sms)
     debug_check(workspace, ep_rank, debug)
     return out
 

@@ -154,9 +154,16 @@ def test_both_halves_must_be_in_one_capture(monkeypatch):
     comm.wait(workspace)
 
 
+def _tvm_ffi_stream(cuda, call) -> str:
+    """The stream a bound C++ entry launches on, as tvm-ffi picks it: torch's current stream when the call passes a
+    tensor (the C++ reads the stream tvm-ffi sets from it), else the legacy default stream (nothing set it). A bound
+    call without a tensor once sent the receive kernel there, beside the communication stream instead of on it."""
+    return cuda.current.name if any(isinstance(arg, torch.Tensor) for arg in call) else "the legacy default stream"
+
+
 def _recording_moe(monkeypatch, cuda, comm_stream=True, **kwargs):
-    """MoeAlltoAll over a CPU workspace (with comm_stream=True by default), its bound C++ entries replaced by recorders that log
-    the stream they were launched on."""
+    """MoeAlltoAll over a CPU workspace (with comm_stream=True by default), its bound C++ entries replaced by recorders
+    that log the stream they would launch on (:func:`_tvm_ffi_stream`)."""
     from flashinfer_a2a.library import ops as library_ops
 
     class Comm(_OneRank):
@@ -168,13 +175,16 @@ def _recording_moe(monkeypatch, cuda, comm_stream=True, **kwargs):
 
     def bind_eager_calls(workspace, recv_counts, ep_rank, sizes, num_experts, num_sms, one_gpu_per_rank=False):
         def dispatch(*call):
-            cuda.log.append(f"dispatch phase {call[-1]} on {cuda.current.name}")
+            cuda.log.append(f"dispatch phase {call[-1]} on {_tvm_ffi_stream(cuda, call)}")
             return 0
 
-        def combine(*call):
-            cuda.log.append(f"combine phase {call[-1]} on {cuda.current.name}")
+        def dispatch_recv(*call):
+            cuda.log.append(f"dispatch_recv on {_tvm_ffi_stream(cuda, call)}")
 
-        return dispatch, lambda *call: cuda.log.append(f"dispatch_recv on {cuda.current.name}"), combine
+        def combine(*call):
+            cuda.log.append(f"combine phase {call[-1]} on {_tvm_ffi_stream(cuda, call)}")
+
+        return dispatch, dispatch_recv, combine
 
     monkeypatch.setattr(library_ops, "bind_eager_calls", bind_eager_calls)
     return MoeAlltoAll(Comm(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, comm_stream=comm_stream,
@@ -241,7 +251,10 @@ def test_out_given_to_combine_send_without_a_comm_stream(monkeypatch):
     with pytest.raises(ValueError, match="out was given to combine_send already"):
         a2a.combine_recv(out=out)
     assert a2a.combine_recv() is out
-    assert [line for line in cuda.log if "on package" in line] == []
+    # Every half on the caller's stream (not the legacy default one: the caller's may be any stream).
+    assert [line for line in cuda.log if " on " in line] == [
+        "dispatch phase 1 on caller", "dispatch_recv on caller", "combine phase 1 on caller",
+        "combine phase 2 on caller"]
     a2a.destroy()
 
 
@@ -304,3 +317,28 @@ def test_split_calls_on_a_stream_trace_fullgraph_with_fakes():
               if name in ("dispatch_on_stream", "combine_on_stream")]
     assert phases == [1, 1, 1, 2, 1, 2]
     assert calls[0].args[18] == 4  # the SM budget reaches the op
+
+
+@pytest.mark.usefixtures("a2a_env")  # the workspace size comes from the built library
+def test_the_functional_calls_never_take_the_truth_of_launch():
+    """dispatch_counts and combine pick the op with ``launch is None``: dynamo of torch 2.11 cannot take the truth
+    of a function made inside the traced code (CommStream.op's lambda), and `launch or ops.dispatch` broke
+    torch.compile(fullgraph=True) of the split calls on a communication stream there."""
+    launched = []
+
+    class Launch:  # stands in for that function: calling it works, its truth does not
+        def __bool__(self):
+            raise AssertionError("the truth of launch was taken")
+
+        def __call__(self, *args):
+            launched.append(args)
+
+    config = fa.WorkspaceConfig(ep_size=1, max_num_tokens=8, dispatch_bytes_per_token=128,
+                                combine_bytes_per_token=128, top_k=2)
+    workspace = fa.functional.empty_workspace(1, config.bytes_per_rank, "cpu")
+    ids = torch.zeros(4, 2, dtype=torch.int32)
+    counts = fa.functional.dispatch_counts(workspace, 0, config, ids, [torch.zeros(4, 64, dtype=torch.bfloat16)], 8,
+                                           4, launch=Launch())
+    out = fa.functional.combine(workspace, 0, config, counts, 4, 8, hidden=64, dtype=torch.bfloat16, phase=1,
+                                launch=Launch())
+    assert len(launched) == 2 and launched[0][3] is counts and launched[1][3] is out

@@ -326,11 +326,13 @@ def bind_eager_calls(workspace, recv_counts, ep_rank: int, sizes: Sequence[int],
     """``(dispatch, dispatch_recv, combine)``: the C++ entries with the arguments that stay fixed for one instance
     (workspace, counts tensor, rank, sizes, experts, SM budget) bound once, so that an eager call converts only what
     changes (about half a microsecond a tensor). Each call still runs every check of the entry before it launches;
-    the bound dispatch returns the id of its payloads' row shapes. Used by
+    the bound dispatch returns the id of its payloads' row shapes. Every bound call takes a CUDA tensor (the bound
+    dispatch_recv takes the counts tensor at each call): tvm-ffi launches on torch's current stream only when a
+    call passes a tensor, and on the legacy default stream otherwise. Used by
     :mod:`flashinfer_a2a.transports.nvlink_eager`; traced calls go through the ops above."""
     module = get_a2a_module()
     return (module.bind_dispatch(workspace, recv_counts, ep_rank, *sizes, num_experts, num_sms, one_gpu_per_rank),
-            module.bind_dispatch_recv(workspace, recv_counts, ep_rank, *sizes),
+            module.bind_dispatch_recv(workspace, ep_rank, *sizes),
             module.bind_combine(workspace, recv_counts, ep_rank, *sizes, one_gpu_per_rank, num_sms))
 
 

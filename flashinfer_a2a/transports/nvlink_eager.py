@@ -39,6 +39,7 @@ class EagerCalls:
                  debug: bool) -> None:
         self.workspace, self.config, self.ep_rank, self.num_experts = workspace, config, ep_rank, num_experts
         self.device, self.combine_mode, self.debug = workspace.device, combine_mode, debug
+        self.recv_counts = recv_counts  # passed to each receive: tvm-ffi takes torch's current stream from a tensor
         self._dispatch, self._dispatch_recv, self._combine = ops.bind_eager_calls(
             workspace, recv_counts, ep_rank, config.sizes(), num_experts, num_sms, one_gpu_per_rank)
         self._views: dict[tuple, list[torch.Tensor]] = {}
@@ -76,7 +77,7 @@ class EagerCalls:
     def dispatch_recv(self, runtime_max: int, timeout_s: float) -> None:
         """The receive half of a dispatch sent with ``phase`` 1: waits for the peers and writes the bound counts."""
         try:
-            self._dispatch_recv(runtime_max, timeout_s)
+            self._dispatch_recv(self.recv_counts, runtime_max, timeout_s)
         except (TypeError, ValueError) as exc:  # refused before any launch
             raise type(exc)(str(exc)) from None
         if self.debug:
