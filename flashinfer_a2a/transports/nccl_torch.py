@@ -140,7 +140,7 @@ def select(gathered: torch.Tensor, wire: NcclWire, ep_rank: int, recv_like: Sequ
     for s, (dtype, shape) in enumerate(recv_like):
         rows = wire.segment(gathered, s).reshape(ep_size * runtime_max, wire.row_bytes[s]).index_select(0, order)
         if s == swizzled_segment:
-            rows = swizzle_rows(rows.view(ep_size, runtime_max, -1), runtime_max)
+            rows = swizzle_rows(rows.view(ep_size, runtime_max, wire.row_bytes[s]), runtime_max)  # not -1: 0 rows
         recv.append(from_bytes(rows, dtype, shape))
     return recv, counts
 
