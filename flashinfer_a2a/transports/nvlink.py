@@ -20,7 +20,7 @@ import torch
 from .. import functional as F
 from .. import split_phase
 from ..comm import Communicator
-from ..library.combine_mode import chosen_mode, combine_mode_code
+from ..library.combine_mode import COMBINE_MODES, chosen_mode
 from ..library.constants import SPLIT_RECV, SPLIT_SEND
 from ..library.errors import debug_checks_due
 from ..library.wire_formats import check_combine_format
@@ -221,9 +221,13 @@ class NvlinkTransport:
             shared = self.shared
             calls = shared.eager_calls[self.instance] = EagerCalls(
                 shared.tensor, self.recv_counts, self.comm.rank, shared.config, self.num_experts, self.num_sms,
-                shared.one_gpu_per_rank, lambda q, runtime_max: combine_mode_code(self.combine_mode(q, runtime_max)),
-                self.debug)
+                shared.one_gpu_per_rank, self._combine_code, self.debug)
         return calls
+
+    def _combine_code(self, quant_format: Optional[str], runtime_max: int) -> int:
+        """The op's code of :meth:`combine_mode`, for an eager combine (which has checked ``quant_format``)."""
+        return COMBINE_MODES[chosen_mode(quant_format, self.pushed_wires, self.allocation.one_gpu_per_rank,
+                                         runtime_max)]
 
     def _eager_step(self, counts: torch.Tensor) -> bool:
         """Whether a step after the dispatch that wrote ``counts`` runs eagerly: that dispatch was eager (it wrote

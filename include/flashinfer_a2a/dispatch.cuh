@@ -78,12 +78,6 @@ struct DispatchParams {
   uint64_t call_layout;  // fingerprint of this call's layout (workspace_layout.cuh), compared with every peer's
 };
 
-__device__ __forceinline__ uint32_t LaneMaskLt() {
-  uint32_t mask;
-  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));
-  return mask;
-}
-
 // Token t's routing entries: lane k holds its k-th (rank, slot) entry; returns how many there are.
 __device__ __forceinline__ int LoadRoutes(const DispatchParams& p, const int32_t* routing, int64_t t, int lane,
                                           int32_t& entry) {

@@ -79,7 +79,7 @@ __device__ __forceinline__ void RouteChunkTokens(const NcclCombineParams& p, int
       const uint32_t ballot = __ballot_sync(0xffffffffu, has);
       if (lane == 0) s_prefix[warp][d] = __popc(ballot);
       if (has && k < kNcclMaxRoutes) {
-        s_entry[k++][threadIdx.x] = (d << kRouteSlotBits) | __popc(ballot & LanesBelow(lane));  // slot in the warp
+        s_entry[k++][threadIdx.x] = (d << kRouteSlotBits) | __popc(ballot & LaneMaskLt());  // slot in the warp
       }
     }
   }

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kNcclSelectThreads) NcclSelectKernel(const __g
     before += w < warp ? s_warp[w] : 0;
     count += s_warp[w];
   }
-  if (mine) s_rows[before + __popc(ballot & LanesBelow(lane))] = static_cast<int32_t>(r);
+  if (mine) s_rows[before + __popc(ballot & LaneMaskLt())] = static_cast<int32_t>(r);
   const int64_t base = s_base;
   if (split == 0 && chunk == p.chunks - 1 && threadIdx.x == 0) p.recv_counts[src] = static_cast<int32_t>(base + count);
   __syncthreads();  // s_rows

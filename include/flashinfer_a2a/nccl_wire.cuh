@@ -102,7 +102,4 @@ __device__ __forceinline__ void CountPlaneBits(const uint8_t* plane, int64_t row
   }
 }
 
-// The lanes of a warp below `lane`, as a ballot's bits.
-__device__ __forceinline__ uint32_t LanesBelow(int lane) { return (1u << lane) - 1u; }
-
 }  // namespace flashinfer_a2a

@@ -65,6 +65,13 @@ inline cudaError_t LaunchAfterPrior(void (*kernel)(Params...), int blocks, int t
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
+// The lanes of this warp below the calling one, as a ballot's bits.
+__device__ __forceinline__ uint32_t LaneMaskLt() {
+  uint32_t mask;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));
+  return mask;
+}
+
 // Nanoseconds; the same clock on every GPU of a node is not assumed: only differences on one GPU are used.
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
