@@ -506,6 +506,10 @@ class NcclTransport:
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """``t`` if contiguous and starting on a 16-byte boundary (read off its storage offset: torch's CUDA memory starts
     on coarser ones; the ops check the pointer itself), else such a copy: what the kernels read in 16-byte vectors."""
+    if torch.compiler.is_compiling():
+        # Dynamo cannot read the storage offset of a tensor made in the graph (torch 2.11); the buffers a compiled
+        # graph allocates start on the allocator's boundaries, and the ops check the pointer of any other.
+        return t if t.is_contiguous() else t.contiguous()
     if t.is_contiguous() and t.storage_offset() * t.element_size() % WIRE_ALIGN == 0:
         return t
     return t.clone(memory_format=torch.contiguous_format)
