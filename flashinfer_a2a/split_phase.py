@@ -66,12 +66,18 @@ def dispatch_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConf
 
 def dispatch_recv(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, recv_counts: torch.Tensor,
                   runtime_max_tokens_per_rank: int, *, timeout_s: Optional[float] = None,
-                  debug: Optional[bool] = None, comm_stream: Optional[CommStream] = None) -> torch.Tensor:
+                  debug: Optional[bool] = None, comm_stream: Optional[CommStream] = None,
+                  keep: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """The receive half: waits (bounded by ``timeout_s``) until every peer's :func:`dispatch_send` has landed and
     writes ``recv_counts`` ``[ep_size] int32`` (returned). One block of one kernel. With ``comm_stream`` (the
-    send's): the current stream waits for the transfer the send queued there (``timeout_s`` was the send's)."""
+    send's): the current stream waits for the transfer the send queued there (``timeout_s`` was the send's).
+
+    ``keep``: with ``comm_stream`` under ``torch.compile``, the tensors the send read (``topk_ids``, the payloads, a
+    ``global_scale`` tensor). A compiled graph reuses a buffer's memory after its last use in the graph; passed
+    here, their last use is this join, so nothing overwrites them while the transfer still reads them. Eagerly the
+    send holds them itself."""
     if comm_stream is not None:
-        comm_stream.join(workspace, recv_counts)
+        comm_stream.join(workspace, recv_counts, keep)
         return recv_counts
     ops.dispatch_recv(workspace, recv_counts, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
                       _config.timeout_or_default(timeout_s))
@@ -127,12 +133,13 @@ def combine_recv(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfi
     ``[num_tokens, hidden]``, ``out[t]`` the sum over the ranks token t went to (as
     :func:`flashinfer_a2a.functional.combine`). ``partials`` and ``quant_format`` must be those of the send. With
     ``comm_stream`` (the send's): the current stream waits for the transfer the send queued, which wrote ``out``
-    (the send's, required); returns it."""
+    (the send's, required); returns it. ``partials`` are then held to the join (see :func:`dispatch_recv`'s
+    ``keep``)."""
     if comm_stream is not None:
         check_combine_tensors(None, out)
         if out is None:
             raise ValueError("combine_recv with a comm_stream needs the out given to combine_send")
-        comm_stream.join(workspace, out)
+        comm_stream.join(workspace, out, () if partials is None else (partials,))
         return out
     return F.combine(workspace, ep_rank, config, recv_counts, num_tokens, runtime_max_tokens_per_rank, partials,
                      out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s, quant_format=quant_format,

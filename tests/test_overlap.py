@@ -281,7 +281,7 @@ def test_on_stream_schemas():
         assert wrapped == base.replace(f"::{name}(Tensor(a!) workspace, ",
                                        f"::{name}_on_stream(Tensor(a!) workspace, int comm_stream, ")
     join = str(torch.ops.flashinfer_a2a.join_stream.default._schema)
-    assert join.endswith("join_stream(Tensor(a!) workspace, int comm_stream, Tensor(b!) result) -> ()")
+    assert join.endswith("join_stream(Tensor(a!) workspace, int comm_stream, Tensor(b!) result, Tensor[] keep) -> ()")
 
 
 @pytest.mark.usefixtures("a2a_env")  # the workspace size comes from the built library
@@ -296,7 +296,7 @@ def test_split_calls_on_a_stream_trace_fullgraph_with_fakes():
     def step(wa, wb, ids, x):
         (ra,), ca = sp.dispatch_send(wa, 0, config, ids, [x], runtime_max, 8, num_sms=4, comm_stream=comm)
         (rb,), cb = sp.dispatch_send(wb, 0, config, ids, [x], runtime_max, 8, comm_stream=comm)
-        sp.dispatch_recv(wa, 0, config, ca, runtime_max, comm_stream=comm)
+        sp.dispatch_recv(wa, 0, config, ca, runtime_max, comm_stream=comm, keep=[ids, x])
         pa = (ra.float() * 2).to(torch.bfloat16)
         oa = sp.combine_send(wa, 0, config, ca, runtime_max, pa, out=torch.empty_like(x), comm_stream=comm)
         sp.dispatch_recv(wb, 0, config, cb, runtime_max, comm_stream=comm)
@@ -313,6 +313,10 @@ def test_split_calls_on_a_stream_trace_fullgraph_with_fakes():
                      "join_stream", "combine_on_stream", "combine_on_stream", "join_stream", "combine_on_stream",
                      "combine_on_stream", "join_stream", "join_stream"]
     assert all(n.args[1] == comm.index for n in calls)
+    # What each transfer reads is an argument of its join, so that a compiled graph reuses none of its memory before
+    # the transfer ends: the send's ids and payload, the partials pa (an intermediate of the graph).
+    keeps = [[tuple(a.meta["example_value"].shape) for a in n.args[3]] for n, name in zip(calls, names) if name == "join_stream"]
+    assert keeps == [[(10, top_k), (10, hidden)], [], [(2, runtime_max, hidden)], []]
     phases = [n.args[17] if name == "dispatch_on_stream" else n.args[16] for n, name in zip(calls, names)
               if name in ("dispatch_on_stream", "combine_on_stream")]
     assert phases == [1, 1, 1, 2, 1, 2]

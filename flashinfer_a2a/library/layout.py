@@ -188,6 +188,11 @@ def combine_input(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig
 
     The expert side writes row ``[src, i]`` (the partial of the i-th token received from ``src``) straight here;
     :func:`combine` with ``partials=None`` then publishes it without a copy.
+
+    Not for writing inside a ``torch.compile`` graph: a compiled graph writes a view of one of its inputs through a
+    copy of the whole input (here the workspace, every peer's row included), so the kernels would read and publish
+    the copy. There, pass the partials to :func:`combine`; :meth:`flashinfer_a2a.MoeAlltoAll.combine_input` does so
+    for you (it hands a compiled graph a buffer of its own, which the combine takes as the partials).
     """
     # The combine region does not move with runtime_max (which may be symbolic while tracing).
     if torch.compiler.is_compiling():

@@ -49,6 +49,9 @@ class SharedWorkspace:
         #: half needs from its send.
         self.order = CallOrder()
         self.sent: Optional[tuple] = None
+        #: while torch.compile traces: the buffer combine_input handed out for the pending dispatch, which the
+        #: combine then takes as its partials (flashinfer_a2a.transports.nvlink)
+        self.traced_input: Optional[torch.Tensor] = None
         #: each user's eager calls (flashinfer_a2a.transports.nvlink_eager, with its receive views), by the user's
         #: instance number; cleared when the workspace moves.
         self.eager_calls: dict[int, Any] = {}
@@ -122,7 +125,7 @@ class SharedWorkspace:
         if self.allocation is None:
             return
         release_workspace(self._free, self.comm, self.tensor.device, self.timeout_s)
-        self.config = self.metainfo = self.pending = self.sent = None
+        self.config = self.metainfo = self.pending = self.sent = self.traced_input = None
         self.order.reset()
 
 

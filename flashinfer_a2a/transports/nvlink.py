@@ -82,12 +82,15 @@ class NvlinkTransport:
                       swizzled_scales: bool) -> None:
         views, _ = self._dispatch("dispatch_send", topk_ids, payloads, runtime_max, timeout_s, quant_format,
                                   global_scale, swizzled_scales)
-        self.shared.sent = (views, timeout_s)
+        # What the transfer reads, for the join of a traced one (split_phase.dispatch_recv's keep).
+        read = [topk_ids, *payloads, *([global_scale] if isinstance(global_scale, torch.Tensor) else [])]
+        self.shared.sent = (views, timeout_s, read)
 
     def _dispatch(self, call: str, topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
                   swizzled_scales) -> tuple[list[torch.Tensor], torch.Tensor]:
         """A whole dispatch (``call`` "dispatch") or its send half ("dispatch_send")."""
         shared = self._begin(call)
+        shared.traced_input = None
         # Shapes of topk_ids and payloads: checked by F.dispatch_counts (and the C++ entry) before any launch.
         if self.debug and debug_checks_due(True):
             self._check_same_call(runtime_max)
@@ -121,12 +124,12 @@ class NvlinkTransport:
     def dispatch_recv(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         shared = self._begin("dispatch_recv")
         _, runtime_max, counts = shared.pending
-        views, timeout_s = shared.sent
+        views, timeout_s, read = shared.sent
         if self.comm_stream is None and self._eager_step(counts):
             self.eager().dispatch_recv(runtime_max, timeout_s)
         else:  # traced, or the join of the transfer on the communication stream
             split_phase.dispatch_recv(self.workspace, self.comm.rank, self.config, counts, runtime_max,
-                                      timeout_s=timeout_s, debug=self.debug, comm_stream=self.comm_stream)
+                                      timeout_s=timeout_s, debug=self.debug, comm_stream=self.comm_stream, keep=read)
         shared.sent = None
         shared.order.advance("dispatch_recv")
         return views, counts
@@ -134,7 +137,16 @@ class NvlinkTransport:
     def combine_input(self, hidden: int, dtype: torch.dtype) -> torch.Tensor:
         _, runtime_max, _ = self.require_pending("combine_input")
         if torch.compiler.is_compiling():
-            return F.combine_input(self.workspace, self.comm.rank, self.config, runtime_max, hidden, dtype)
+            # A compiled graph cannot write into a view of the workspace in place: functionalization turns the write
+            # into a copy of the whole workspace, which the kernels would then read and sign instead of the shared
+            # memory. The expert side writes a buffer of the graph's own, which the combine takes as its partials
+            # (a copy into the workspace at the combine's publish, the same bits).
+            shared = self.shared
+            held = shared.traced_input
+            if held is None or held.shape[1:] != (runtime_max, hidden) or held.dtype != dtype:
+                held = shared.traced_input = torch.empty(self.comm.size, runtime_max, hidden, dtype=dtype,
+                                                         device=self.device)
+            return held
         return self.eager().combine_input(runtime_max, hidden, dtype)  # eager calls get the same view each time
 
     def combine_mode(self, quant_format: Optional[str] = None, runtime_max: Optional[int] = None) -> str:
@@ -148,6 +160,7 @@ class NvlinkTransport:
                 timeout_s: float, quant_format: Optional[str]) -> torch.Tensor:
         shared = self._begin("combine")
         num_tokens, runtime_max, counts = shared.pending
+        partials = self._written_input(shared, partials)
         if self._eager_step(counts):
             result = self.eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
                                           quant_format)
@@ -165,6 +178,7 @@ class NvlinkTransport:
                      quant_format: Optional[str], out: Optional[torch.Tensor] = None) -> None:
         shared = self._begin("combine_send")
         num_tokens, runtime_max, counts = shared.pending
+        partials = self._written_input(shared, partials)
         if out is not None or self.comm_stream is not None:  # made (or checked) on the caller's stream
             out = F.combine_output(self.workspace, num_tokens, partials, out, hidden, dtype)
         on_stream = self.comm_stream
@@ -201,7 +215,7 @@ class NvlinkTransport:
         out = sent_out if out is None else out
         if self.comm_stream is not None:  # the join of the transfer, which wrote out
             result = split_phase.combine_recv(self.workspace, self.comm.rank, self.config, counts, num_tokens,
-                                              runtime_max, out=out, comm_stream=self.comm_stream)
+                                              runtime_max, partials, out=out, comm_stream=self.comm_stream)
         elif self._eager_step(counts):
             result = self.eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
                                           quant_format, SPLIT_RECV)
@@ -213,6 +227,14 @@ class NvlinkTransport:
         shared.pending = shared.sent = None
         shared.order.advance("combine_recv")
         return result
+
+    @staticmethod
+    def _written_input(shared: Any, partials: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The partials of a combine: those given, else the buffer a traced combine_input handed out (taken once),
+        else None (the expert side wrote the workspace's combine region)."""
+        if partials is None:
+            partials, shared.traced_input = shared.traced_input, None
+        return partials
 
     def eager(self) -> EagerCalls:
         """This instance's eager calls on the shared workspace as it is now (made again when it moved)."""

@@ -28,7 +28,7 @@ compiled code runs; their fake implementations are the base ops'.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 import torch
 
@@ -123,10 +123,11 @@ class CommStream:
         on_stream = ON_STREAM[base.name]
         return lambda workspace, *args: on_stream(workspace, self.index, *args)
 
-    def join(self, workspace: torch.Tensor, result: torch.Tensor) -> None:
+    def join(self, workspace: torch.Tensor, result: torch.Tensor, keep: Sequence[torch.Tensor] = ()) -> None:
         """:meth:`wait` as an op, which ``torch.compile`` traces: ``result`` (the counts, or the combine's output)
-        and the workspace are declared written, so that what reads them comes after."""
-        join_stream(workspace, self.index, result)
+        and the workspace are declared written, so that what reads them comes after; ``keep`` (what the transfer
+        reads) is an argument, so that a compiled graph reuses none of its memory before the join."""
+        join_stream(workspace, self.index, result, list(keep))
 
 
 def _apart(queued: bool, now: bool, half: str) -> str:
@@ -207,11 +208,14 @@ ON_STREAM = {base.name: _on_stream(base) for base in (ops.dispatch, ops.dispatch
 
 # The receive half's join. ``result`` is not read: declared written, it orders what reads the transfer's results
 # (the counts, the combine's output; the receive views through the workspace) after the join in a traced graph.
-@ops.register("join_stream(Tensor(a!) workspace, int comm_stream, Tensor(b!) result) -> ()", dispatch_key="CUDA")
-def join_stream(workspace, comm_stream, result):
+# ``keep`` is not read either: the tensors the transfer reads, whose memory a compiled graph may reuse only after
+# their last use, this join.
+@ops.register("join_stream(Tensor(a!) workspace, int comm_stream, Tensor(b!) result, Tensor[] keep) -> ()",
+              dispatch_key="CUDA")
+def join_stream(workspace, comm_stream, result, keep):
     registered(comm_stream).wait(workspace)
 
 
 @join_stream.register_fake
-def _join_stream_fake(workspace, comm_stream, result):
+def _join_stream_fake(workspace, comm_stream, result, keep):
     registered(comm_stream)
