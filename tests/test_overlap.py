@@ -277,11 +277,12 @@ def test_on_stream_schemas():
     for name in ("dispatch", "dispatch_recv", "combine"):
         base = str(getattr(torch.ops.flashinfer_a2a, name).default._schema)
         wrapped = str(getattr(torch.ops.flashinfer_a2a, f"{name}_on_stream").default._schema)
-        # The base op's arguments and declared writes, the stream's index after the workspace.
+        # The base op's arguments and declared writes, the stream's order token and index after the workspace.
         assert wrapped == base.replace(f"::{name}(Tensor(a!) workspace, ",
-                                       f"::{name}_on_stream(Tensor(a!) workspace, int comm_stream, ")
+                                       f"::{name}_on_stream(Tensor(a!) workspace, Tensor(z!) order, int comm_stream, ")
     join = str(torch.ops.flashinfer_a2a.join_stream.default._schema)
-    assert join.endswith("join_stream(Tensor(a!) workspace, int comm_stream, Tensor(b!) result, Tensor[] keep) -> ()")
+    assert join.endswith("join_stream(Tensor(a!) workspace, Tensor(z!) order, int comm_stream, Tensor(b!) result, "
+                         "Tensor[] keep) -> ()")
 
 
 @pytest.mark.usefixtures("a2a_env")  # the workspace size comes from the built library
@@ -312,15 +313,18 @@ def test_split_calls_on_a_stream_trace_fullgraph_with_fakes():
     assert names == ["dispatch_on_stream", "dispatch_recv_on_stream", "dispatch_on_stream", "dispatch_recv_on_stream",
                      "join_stream", "combine_on_stream", "combine_on_stream", "join_stream", "combine_on_stream",
                      "combine_on_stream", "join_stream", "join_stream"]
-    assert all(n.args[1] == comm.index for n in calls)
+    assert all(n.args[2] == comm.index for n in calls)
+    # Every call and join on the stream writes its order token: a graph keeps them in program order (inductor may
+    # otherwise order the two workspaces' calls differently on different ranks, which deadlocks a shared stream).
+    assert {n.args[1].name for n in calls} == {calls[0].args[1].name}
     # What each transfer reads is an argument of its join, so that a compiled graph reuses none of its memory before
     # the transfer ends: the send's ids and payload, the partials pa (an intermediate of the graph).
-    keeps = [[tuple(a.meta["example_value"].shape) for a in n.args[3]] for n, name in zip(calls, names) if name == "join_stream"]
+    keeps = [[tuple(a.meta["example_value"].shape) for a in n.args[4]] for n, name in zip(calls, names) if name == "join_stream"]
     assert keeps == [[(10, top_k), (10, hidden)], [], [(2, runtime_max, hidden)], []]
-    phases = [n.args[17] if name == "dispatch_on_stream" else n.args[16] for n, name in zip(calls, names)
+    phases = [n.args[18] if name == "dispatch_on_stream" else n.args[17] for n, name in zip(calls, names)
               if name in ("dispatch_on_stream", "combine_on_stream")]
     assert phases == [1, 1, 1, 2, 1, 2]
-    assert calls[0].args[18] == 4  # the SM budget reaches the op
+    assert calls[0].args[19] == 4  # the SM budget reaches the op
 
 
 @pytest.mark.usefixtures("a2a_env")  # the workspace size comes from the built library

@@ -43,7 +43,8 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 def scramble_(t: torch.Tensor) -> torch.Tensor:
     """Random bytes: unlike a fixed poison, stale routing entries or counts look like valid ones."""
-    t.view(torch.uint8).copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, device=t.device))
+    raw = t.view(torch.uint8)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, device=t.device))
     return t
 
 

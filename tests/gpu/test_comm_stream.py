@@ -115,7 +115,8 @@ def test_moe_alltoall_overlap_equals_serial_eager_and_in_graphs():
         # Captured: every rank's step in a graph on its stream, the package's communication streams inside.
         counts = [40, 33]
         static = [pair.inputs(counts), pair.inputs(counts)]
-        outs = [[torch.empty(n, HIDDEN, dtype=torch.bfloat16, device="cuda") for n in counts] for _ in range(pair.EP)]
+        # rank r's two micro-batches have counts[r] tokens each
+        outs = [[torch.empty(n, HIDDEN, dtype=torch.bfloat16, device="cuda") for _ in range(2)] for n in counts]
         graphs = [torch.cuda.CUDAGraph() for _ in range(pair.EP)]
         for r in range(pair.EP):
             with torch.cuda.graph(graphs[r], stream=pair.streams[r]):
