@@ -20,11 +20,17 @@ With ``comm_stream`` (a :class:`~flashinfer_a2a.transports.overlap.CommStream`, 
 the send and the receive kernels on that stream after the caller's work so far and returns, and the receive half
 makes the caller's stream wait for them (:mod:`flashinfer_a2a.transports.overlap`): the work queued in between runs
 beside the transfer. The combine's output is then written by the send half, so ``combine_send`` takes ``out``.
+
+Under ``torch.compile`` a half with ``comm_stream`` runs outside the graph (a graph break; ``fullgraph=True`` refuses
+it): inductor may hand the communication stream's kernels buffers whose memory it gives to the next computation
+before the transfer has read them, which in-graph stream switches cannot prevent. The graphs between the halves (the
+experts) are compiled as usual; the halves are the eager calls, bit for bit the serial step.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import functools
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -37,6 +43,20 @@ from .library.errors import debug_check
 from .transports.overlap import CommStream
 
 
+def _eager_with_comm_stream(half: Callable[..., Any]) -> Callable[..., Any]:
+    """``half``, run outside any ``torch.compile`` graph when given a ``comm_stream`` (see the module's docstring)."""
+    outside = torch._dynamo.disable(half)
+
+    @functools.wraps(half)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("comm_stream") is not None and torch.compiler.is_compiling():
+            return outside(*args, **kwargs)
+        return half(*args, **kwargs)
+
+    return call
+
+
+@_eager_with_comm_stream
 def dispatch_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, topk_ids: torch.Tensor,
                   payloads: Sequence[torch.Tensor], runtime_max_tokens_per_rank: int, num_experts: int, *,
                   recv_counts: Optional[torch.Tensor] = None, timeout_s: Optional[float] = None,
@@ -64,20 +84,15 @@ def dispatch_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConf
     return views, counts
 
 
+@_eager_with_comm_stream
 def dispatch_recv(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, recv_counts: torch.Tensor,
                   runtime_max_tokens_per_rank: int, *, timeout_s: Optional[float] = None,
-                  debug: Optional[bool] = None, comm_stream: Optional[CommStream] = None,
-                  keep: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+                  debug: Optional[bool] = None, comm_stream: Optional[CommStream] = None) -> torch.Tensor:
     """The receive half: waits (bounded by ``timeout_s``) until every peer's :func:`dispatch_send` has landed and
     writes ``recv_counts`` ``[ep_size] int32`` (returned). One block of one kernel. With ``comm_stream`` (the
-    send's): the current stream waits for the transfer the send queued there (``timeout_s`` was the send's).
-
-    ``keep``: with ``comm_stream`` under ``torch.compile``, the tensors the send read (``topk_ids``, the payloads, a
-    ``global_scale`` tensor). A compiled graph reuses a buffer's memory after its last use in the graph; passed
-    here, their last use is this join, so nothing overwrites them while the transfer still reads them. Eagerly the
-    send holds them itself."""
+    send's): the current stream waits for the transfer the send queued there (``timeout_s`` was the send's)."""
     if comm_stream is not None:
-        comm_stream.join(workspace, recv_counts, keep)
+        comm_stream.join(workspace, recv_counts)
         return recv_counts
     ops.dispatch_recv(workspace, recv_counts, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
                       _config.timeout_or_default(timeout_s))
@@ -85,6 +100,7 @@ def dispatch_recv(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConf
     return recv_counts
 
 
+@_eager_with_comm_stream
 def combine_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, recv_counts: torch.Tensor,
                  runtime_max_tokens_per_rank: int, partials: Optional[torch.Tensor] = None, *,
                  hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None, timeout_s: Optional[float] = None,
@@ -124,6 +140,7 @@ def combine_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfi
                      phase=SPLIT_RECV, launch=launch)
 
 
+@_eager_with_comm_stream
 def combine_recv(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfig, recv_counts: torch.Tensor,
                  num_tokens: int, runtime_max_tokens_per_rank: int, partials: Optional[torch.Tensor] = None, *,
                  out: Optional[torch.Tensor] = None, hidden: Optional[int] = None, dtype: Optional[torch.dtype] = None,
@@ -133,13 +150,12 @@ def combine_recv(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConfi
     ``[num_tokens, hidden]``, ``out[t]`` the sum over the ranks token t went to (as
     :func:`flashinfer_a2a.functional.combine`). ``partials`` and ``quant_format`` must be those of the send. With
     ``comm_stream`` (the send's): the current stream waits for the transfer the send queued, which wrote ``out``
-    (the send's, required); returns it. ``partials`` are then held to the join (see :func:`dispatch_recv`'s
-    ``keep``)."""
+    (the send's, required); returns it."""
     if comm_stream is not None:
         check_combine_tensors(None, out)
         if out is None:
             raise ValueError("combine_recv with a comm_stream needs the out given to combine_send")
-        comm_stream.join(workspace, out, () if partials is None else (partials,))
+        comm_stream.join(workspace, out)
         return out
     return F.combine(workspace, ep_rank, config, recv_counts, num_tokens, runtime_max_tokens_per_rank, partials,
                      out=out, hidden=hidden, dtype=dtype, timeout_s=timeout_s, quant_format=quant_format,

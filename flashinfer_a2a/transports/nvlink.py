@@ -82,9 +82,7 @@ class NvlinkTransport:
                       swizzled_scales: bool) -> None:
         views, _ = self._dispatch("dispatch_send", topk_ids, payloads, runtime_max, timeout_s, quant_format,
                                   global_scale, swizzled_scales)
-        # What the transfer reads, for the join of a traced one (split_phase.dispatch_recv's keep).
-        read = [topk_ids, *payloads, *([global_scale] if isinstance(global_scale, torch.Tensor) else [])]
-        self.shared.sent = (views, timeout_s, read)
+        self.shared.sent = (views, timeout_s)
 
     def _dispatch(self, call: str, topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
                   swizzled_scales) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -124,12 +122,12 @@ class NvlinkTransport:
     def dispatch_recv(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         shared = self._begin("dispatch_recv")
         _, runtime_max, counts = shared.pending
-        views, timeout_s, read = shared.sent
+        views, timeout_s = shared.sent
         if self.comm_stream is None and self._eager_step(counts):
             self.eager().dispatch_recv(runtime_max, timeout_s)
         else:  # traced, or the join of the transfer on the communication stream
             split_phase.dispatch_recv(self.workspace, self.comm.rank, self.config, counts, runtime_max,
-                                      timeout_s=timeout_s, debug=self.debug, comm_stream=self.comm_stream, keep=read)
+                                      timeout_s=timeout_s, debug=self.debug, comm_stream=self.comm_stream)
         shared.sent = None
         shared.order.advance("dispatch_recv")
         return views, counts
@@ -215,7 +213,7 @@ class NvlinkTransport:
         out = sent_out if out is None else out
         if self.comm_stream is not None:  # the join of the transfer, which wrote out
             result = split_phase.combine_recv(self.workspace, self.comm.rank, self.config, counts, num_tokens,
-                                              runtime_max, partials, out=out, comm_stream=self.comm_stream)
+                                              runtime_max, out=out, comm_stream=self.comm_stream)
         elif self._eager_step(counts):
             result = self.eager().combine(partials, out, num_tokens, hidden, dtype, runtime_max, timeout_s,
                                           quant_format, SPLIT_RECV)

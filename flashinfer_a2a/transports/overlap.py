@@ -28,7 +28,7 @@ compiled code runs; their fake implementations are the base ops'.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional
 
 import torch
 
@@ -69,11 +69,6 @@ class CommStream:
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.device = stream.device
-        #: Never read: every op queued on this stream, and every join, declares it written, so that a traced graph
-        #: keeps them in program order. Without it inductor may order two workspaces' calls differently on
-        #: different ranks (their graphs differ in the rank), and one rank's receive then waits on its stream behind
-        #: a call its peer queued after its own receive: both time out.
-        self.order = torch.empty(1, dtype=torch.uint8, device=self.device)
         self.index = len(_STREAMS)
         _STREAMS.append(self)
         self._transfers: dict[int, _Transfer] = {}  # by the workspace's address
@@ -126,13 +121,12 @@ class CommStream:
         """``base`` (:func:`~flashinfer_a2a.library.ops.dispatch`, ``dispatch_recv`` or ``combine``) launched on
         this stream: a callable taking ``base``'s arguments."""
         on_stream = ON_STREAM[base.name]
-        return lambda workspace, *args: on_stream(workspace, self.order, self.index, *args)
+        return lambda workspace, *args: on_stream(workspace, self.index, *args)
 
-    def join(self, workspace: torch.Tensor, result: torch.Tensor, keep: Sequence[torch.Tensor] = ()) -> None:
+    def join(self, workspace: torch.Tensor, result: torch.Tensor) -> None:
         """:meth:`wait` as an op, which ``torch.compile`` traces: ``result`` (the counts, or the combine's output)
-        and the workspace are declared written, so that what reads them comes after; ``keep`` (what the transfer
-        reads) is an argument, so that a compiled graph reuses none of its memory before the join."""
-        join_stream(workspace, self.order, self.index, result, list(keep))
+        and the workspace are declared written, so that what reads them comes after."""
+        join_stream(workspace, self.index, result)
 
 
 def _apart(queued: bool, now: bool, half: str) -> str:
@@ -189,23 +183,21 @@ def registered(index: int) -> CommStream:
 
 
 def _on_stream(base: ops.Op) -> ops.Op:
-    """Registers ``flashinfer_a2a::<base>_on_stream(workspace, order, int comm_stream, <base's other arguments>)``:
-    the base op queued on a communication stream by :meth:`CommStream.run`, the tensors it takes held until the
-    join. Its schema is the base op's (the same writes declared) with the stream's ``order`` written too; its fake is
-    the base op's."""
+    """Registers ``flashinfer_a2a::<base>_on_stream(workspace, int comm_stream, <base's other arguments>)``: the
+    base op queued on a communication stream by :meth:`CommStream.run`, the tensors it takes held until the join.
+    Its schema is the base op's (the same writes declared); its fake is the base op's."""
     schema = str(base.overload._schema)
     arguments = schema[schema.index("(") + 1 : schema.rindex(") ->")]
     first, rest = arguments.split(", ", 1)
     if first != "Tensor(a!) workspace":  # the workspace names the transfer
         raise RuntimeError(f"{base.name} does not take the workspace first: {schema}")
 
-    def launch(workspace: torch.Tensor, order: torch.Tensor, comm_stream: int, *args: Any) -> None:
+    def launch(workspace: torch.Tensor, comm_stream: int, *args: Any) -> None:
         registered(comm_stream).run(workspace, lambda: base.impl(workspace, *args), args)
 
     launch.__name__ = f"{base.name}_on_stream"
-    op = ops.register(f"{base.name}_on_stream({first}, Tensor(z!) order, int comm_stream, {rest}) -> ()",
-                      dispatch_key="CUDA")(launch)
-    op.register_fake(lambda workspace, order, comm_stream, *args: base.overload(workspace, *args))
+    op = ops.register(f"{base.name}_on_stream({first}, int comm_stream, {rest}) -> ()", dispatch_key="CUDA")(launch)
+    op.register_fake(lambda workspace, comm_stream, *args: base.overload(workspace, *args))
     return op
 
 
@@ -215,14 +207,11 @@ ON_STREAM = {base.name: _on_stream(base) for base in (ops.dispatch, ops.dispatch
 
 # The receive half's join. ``result`` is not read: declared written, it orders what reads the transfer's results
 # (the counts, the combine's output; the receive views through the workspace) after the join in a traced graph.
-# ``keep`` is not read either: the tensors the transfer reads, whose memory a compiled graph may reuse only after
-# their last use, this join.
-@ops.register("join_stream(Tensor(a!) workspace, Tensor(z!) order, int comm_stream, Tensor(b!) result, Tensor[] keep) "
-              "-> ()", dispatch_key="CUDA")
-def join_stream(workspace, order, comm_stream, result, keep):
+@ops.register("join_stream(Tensor(a!) workspace, int comm_stream, Tensor(b!) result) -> ()", dispatch_key="CUDA")
+def join_stream(workspace, comm_stream, result):
     registered(comm_stream).wait(workspace)
 
 
 @join_stream.register_fake
-def _join_stream_fake(workspace, order, comm_stream, result, keep):
+def _join_stream_fake(workspace, comm_stream, result):
     registered(comm_stream)
