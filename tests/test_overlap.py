@@ -16,7 +16,7 @@ from flashinfer_a2a import split_phase as sp
 from flashinfer_a2a.transports import overlap
 
 from .test_moe_alltoall import _OneRank
-from .test_split_phase import _CpuWorkspace
+from .test_split_phase import _CpuWorkspace, trace_with_fakes
 
 
 class FakeStream:
@@ -321,28 +321,16 @@ def test_split_calls_on_a_stream_run_outside_compiled_graphs():
         sp.combine_recv(wb, 0, config, cb, ids.shape[0], runtime_max, out=ob, comm_stream=comm)
         return oa, ob, ra, ca
 
-    wa = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8, device="meta")
-    wb = torch.empty_like(wa)
-    ids = torch.empty(10, top_k, dtype=torch.int64, device="meta")
-    x = torch.empty(10, hidden, dtype=torch.bfloat16, device="meta")
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    oa, ob, ra, ca = torch.compile(step, backend=backend)(wa, wb, ids, x)
+    (oa, ob, ra, ca), calls = trace_with_fakes(step, config, hidden, fullgraph=False, every_call=True)
     assert oa.shape == ob.shape == (10, hidden) and ra.shape == (2, runtime_max, hidden) and ca.shape == (2,)
-    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    targets = [str(n.target) for n in calls]
     assert not [t for t in targets if t.startswith("flashinfer_a2a.")], targets  # the halves ran eagerly
     assert any("mul" in t for t in targets)  # the experts' arithmetic between them was compiled
     assert comm.calls == [("dispatch", False), ("dispatch_recv", False), ("dispatch", False), ("dispatch_recv", False),
                           ("join", False), ("combine", False), ("combine", False), ("join", False),
                           ("combine", False), ("combine", False), ("join", False), ("join", False)]
-    torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported):
-        torch.compile(step, fullgraph=True, backend=backend)(wa, wb, ids, x)
+        trace_with_fakes(step, config, hidden)
     # Without a comm_stream the halves trace as the base ops (test_split_phase).
 
 

@@ -75,10 +75,10 @@ def test_phase_codes_and_schemas():
     assert "Tensor(a!) workspace, Tensor(b!) recv_counts" in recv
 
 
-def trace_with_fakes(step, config, hidden):
+def trace_with_fakes(step, config, hidden, fullgraph=True, every_call=False):
     """Traces ``step(wa, wb, ids, x)`` (two workspaces of ``config`` on the meta device, 10 tokens of bf16
-    ``hidden`` states and int64 ids) with dynamo, fullgraph; returns its outputs and the graph's flashinfer_a2a op
-    calls in order."""
+    ``hidden`` states and int64 ids) with dynamo; returns its outputs and the graphs' flashinfer_a2a op calls in
+    order (``every_call``: all their calls)."""
     wa = torch.empty(2, config.bytes_per_rank, dtype=torch.uint8, device="meta")
     wb = torch.empty_like(wa)
     ids = torch.empty(10, config.top_k, dtype=torch.int64, device="meta")
@@ -90,9 +90,9 @@ def trace_with_fakes(step, config, hidden):
         return gm.forward
 
     torch._dynamo.reset()
-    outputs = torch.compile(step, fullgraph=True, backend=backend)(wa, wb, ids, x)
+    outputs = torch.compile(step, fullgraph=fullgraph, backend=backend)(wa, wb, ids, x)
     calls = [n for gm in captured for n in gm.graph.nodes if n.op == "call_function"
-             and str(n.target).startswith("flashinfer_a2a.")]
+             and (every_call or str(n.target).startswith("flashinfer_a2a."))]
     return outputs, calls
 
 
