@@ -136,7 +136,7 @@ class NvlinkTransport:
         _, runtime_max, _ = self.require_pending("combine_input")
         if torch.compiler.is_compiling():
             # A compiled graph cannot write into a view of the workspace in place: functionalization turns the write
-            # into a copy of the whole workspace, which the kernels would then read and sign instead of the shared
+            # into a copy of the whole workspace, which the kernels would then read and publish instead of the shared
             # memory. The expert side writes a buffer of the graph's own, which the combine takes as its partials
             # (a copy into the workspace at the combine's publish, the same bits).
             shared = self.shared
