@@ -21,9 +21,9 @@ to the caller's stream after the transfer, never during it. A tensor made on a t
 
 CUDA graphs: the send records the fork and the receive joins it, so both halves of a call must be captured in the
 same graph (CUDA refuses to end a capture with the stream's transfer not joined back); a receive captured apart from
-its send is refused here with a message naming both. ``torch.compile``: the halves trace as the ops
-``flashinfer_a2a::<op>_on_stream`` and ``flashinfer_a2a::join_stream``, whose implementations switch streams when the
-compiled code runs; their fake implementations are the base ops'.
+its send is refused here with a message naming both. ``torch.compile``: a half on a communication stream is a graph
+break and runs eagerly (:mod:`flashinfer_a2a.split_phase`), through the ops ``flashinfer_a2a::<op>_on_stream`` and
+``flashinfer_a2a::join_stream``; their fake implementations are the base ops'.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class _Transfer:
 class CommStream:
     """A CUDA stream the transfers of split calls run on; get one with :func:`resolve` (or :func:`for_stream`).
 
-    ``run`` queues a transfer of a workspace (eagerly), ``wait`` makes the caller's stream wait for it; the ops of
-    :data:`ON_STREAM` and :func:`join_stream` do the same from traced code. One transfer per workspace may be in
+    ``run`` queues a transfer of a workspace, ``wait`` makes the caller's stream wait for it; the ops of
+    :data:`ON_STREAM` and :func:`join_stream` call them. One transfer per workspace may be in
     flight on one stream (each workspace holds one dispatch at a time), every rank needs a stream of its own (ranks
     sharing one would queue one rank's receive before its peer's send), and workspaces may share one.
     """
@@ -124,8 +124,8 @@ class CommStream:
         return lambda workspace, *args: on_stream(workspace, self.index, *args)
 
     def join(self, workspace: torch.Tensor, result: torch.Tensor) -> None:
-        """:meth:`wait` as an op, which ``torch.compile`` traces: ``result`` (the counts, or the combine's output)
-        and the workspace are declared written, so that what reads them comes after."""
+        """:meth:`wait` as an op: ``result`` (the counts, or the combine's output) and the workspace are declared
+        written, so that what reads them comes after."""
         join_stream(workspace, self.index, result)
 
 
