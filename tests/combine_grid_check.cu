@@ -12,11 +12,12 @@ using flashinfer_a2a::FusedCombineShape;
 
 int violations = 0;
 
-void Violation(const char* what, long long warps, int num_sms, int device_sms, int ep, bool own_gpu,
+void Violation(const char* what, long long warps, int num_sms, int device_sms, int ep, bool own_gpu, bool wide,
                const FusedCombineShape& s) {
   if (++violations <= 5) {
-    std::printf("%s: warps=%lld num_sms=%d device_sms=%d ep_size=%d one_gpu_per_rank=%d -> blocks=%d threads=%d\n",
-                what, warps, num_sms, device_sms, ep, own_gpu, s.blocks, s.threads);
+    std::printf("%s: warps=%lld num_sms=%d device_sms=%d ep_size=%d one_gpu_per_rank=%d wide_fan_out=%d -> "
+                "blocks=%d threads=%d\n",
+                what, warps, num_sms, device_sms, ep, own_gpu, wide, s.blocks, s.threads);
   }
 }
 
@@ -29,31 +30,27 @@ long long MaxBlocks(int num_sms, int device_sms, int ep, bool own_gpu) {
   return blocks;
 }
 
-void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu) {
-  const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu);
+// With a GPU per rank the blocks have exactly OwnGpuPullWarps warps; where ranks share a GPU, 8 to 32.
+void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu, bool wide) {
+  const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu, wide);
   const long long max_blocks = MaxBlocks(num_sms, device_sms, ep, own_gpu);
-  const long long items_per_warp = own_gpu ? 1 : flashinfer_a2a::kSharedGpuFusedItems;
-  constexpr long long kMaxWarps = flashinfer_a2a::kFusedCombineMaxThreads / 32;
-  const bool possible = max_blocks >= 1 && warps <= max_blocks * kMaxWarps * items_per_warp;
+  const long long items_per_warp = own_gpu ? flashinfer_a2a::kOwnGpuFusedItems : flashinfer_a2a::kSharedGpuFusedItems;
+  const long long min_warps = own_gpu ? flashinfer_a2a::OwnGpuPullWarps(wide) : flashinfer_a2a::kCombineWarps;
+  const long long max_warps = own_gpu ? min_warps : flashinfer_a2a::kFusedCombineMaxThreads / 32;
+  const bool possible = max_blocks >= 1 && warps <= max_blocks * max_warps * items_per_warp;
+  auto violation = [&](const char* what) { Violation(what, warps, num_sms, device_sms, ep, own_gpu, wide, s); };
   if (s.blocks == 0) {
-    if (possible) Violation("declined although a safe grid exists", warps, num_sms, device_sms, ep, own_gpu, s);
+    if (possible) violation("declined although a safe grid exists");
     return;
   }
-  if (!possible) Violation("one kernel although no safe grid exists", warps, num_sms, device_sms, ep, own_gpu, s);
-  if (s.blocks < 1 || s.blocks > max_blocks) {
-    Violation("blocks out of range", warps, num_sms, device_sms, ep, own_gpu, s);
-  }
-  if (s.threads % 32 != 0 || s.threads < flashinfer_a2a::kCombineThreads ||
-      s.threads > flashinfer_a2a::kFusedCombineMaxThreads) {
-    Violation("threads out of range", warps, num_sms, device_sms, ep, own_gpu, s);
+  if (!possible) violation("one kernel although no safe grid exists");
+  if (s.blocks < 1 || s.blocks > max_blocks) violation("blocks out of range");
+  if (s.threads % 32 != 0 || s.threads < min_warps * 32 || s.threads > max_warps * 32) {
+    violation("threads out of range");
   }
   const long long grid_warps = static_cast<long long>(s.blocks) * (s.threads / 32);
-  if ((warps + grid_warps - 1) / grid_warps > items_per_warp) {
-    Violation("a warp pulls too many items", warps, num_sms, device_sms, ep, own_gpu, s);
-  }
-  if (static_cast<long long>(s.blocks - 1) * (s.threads / 32) >= warps) {
-    Violation("a block without items", warps, num_sms, device_sms, ep, own_gpu, s);
-  }
+  if ((warps + grid_warps - 1) / grid_warps > items_per_warp) violation("a warp pulls too many items");
+  if (static_cast<long long>(s.blocks - 1) * (s.threads / 32) >= warps) violation("a block without items");
 }
 
 }  // namespace
@@ -66,9 +63,11 @@ int main() {
     for (int num_sms = 1; num_sms <= device_sms; num_sms += (num_sms < 8 ? 1 : 7)) {
       for (int ep : ep_list) {
         for (int own_gpu = 0; own_gpu < 2; ++own_gpu) {
-          for (long long warps = 1; warps <= 40000; warps += (warps < 600 ? 1 : 37)) {
-            Check(warps, num_sms, device_sms, ep, own_gpu != 0);
-            ++cases;
+          for (int wide = 0; wide <= own_gpu; ++wide) {  // the fan-out only shapes a GPU per rank's grid
+            for (long long warps = 1; warps <= 40000; warps += (warps < 600 ? 1 : 37)) {
+              Check(warps, num_sms, device_sms, ep, own_gpu != 0, wide != 0);
+              ++cases;
+            }
           }
         }
       }
