@@ -222,15 +222,16 @@ inline int PullVecsFor(int64_t narrow_items, int64_t warps, int vec_bytes) {
 // - With a GPU per rank only this GPU's own work can be delayed by the waiting blocks: a block per multiprocessor at
 //   most, of OwnGpuPullWarps warps, each pulling up to kOwnGpuFusedItems items in turn. Fewer partials in flight
 //   beat a warp per item on real links. The combine alone, before (blocks of 8-32 warps, a warp per item, two
-//   kernels past that) -> after: 4 H100s, 128 tokens 32.5 -> 28.5 us, 1024 tokens 140 -> 135; 2 H100s, 128 tokens
-//   17.1 -> 15.7, 1024 tokens 57.9 -> 56.3. Larger pulls take two kernels.
+//   kernels past that) -> after: 4 H100s, 128 tokens 32.5 -> 28.5 us, 1024 tokens 140 -> 135, 8192 tokens 995 ->
+//   973; 2 H100s, 128 tokens 17.1 -> 15.7, 1024 tokens 57.9 -> 56.3, 8192 tokens 364 -> 362 (DeepSeek-V3 rows).
+//   Larger pulls than that take two kernels.
 // - Where ranks share a GPU (simulated ranks, processes on one GPU) each has at most one such kernel running, and a
 //   peer can always finish what it still has to run (a dispatch, a publish) while every rank's waiting blocks
 //   together leave a multiprocessor free. Within that cap blocks keep 8 warps while there are enough of them, then
 //   grow to 32, and a warp may pull up to kSharedGpuFusedItems items in turn (the next item's route is loaded
 //   during the current one's sums); past that the second launch costs less.
 constexpr int kSharedGpuFusedItems = 4;
-constexpr int kOwnGpuFusedItems = 64;
+constexpr int kOwnGpuFusedItems = 512;
 // Warps a block of the one-kernel combine has with a GPU per rank: 4 where tokens fan out wide (WideFanOut), else 8.
 constexpr int OwnGpuPullWarps(bool wide_fan_out) { return wide_fan_out ? 4 : 8; }
 struct FusedCombineShape {
