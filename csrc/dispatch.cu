@@ -159,8 +159,9 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   const bool quantize = quant.format != QuantFormat::kNone;
   const RecvRegions regions = PlanRecvRegions(config, layout, runtime_max_tokens_per_rank, rows, quant);
   const bool wide = WideFanOut(static_cast<int>(topk_ids.size(1)), static_cast<int>(ep_size), one_gpu_per_rank);
-  const DispatchLaunchShape shape = DispatchLaunchShapeFor(
-      quant.format, SmBudget(num_sms, workspace.device().device_id), static_cast<int>(num_tokens), wide);
+  const int device = workspace.device().device_id;
+  const DispatchLaunchShape shape = DispatchLaunchShapeFor(quant.format, SmBudget(num_sms, device), NumSMs(device),
+                                                           static_cast<int>(num_tokens), wide);
   const int max_blocks = shape.max_blocks;
   params.piece_vectors = shape.piece_vectors;
   for (int p = 0; p < params.num_payloads; ++p) {

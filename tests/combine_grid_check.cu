@@ -1,6 +1,7 @@
 // Host-only check of the one-kernel combine's grid (FusedCombineFor in combine.cuh) over many shapes: whenever it
 // picks one kernel, the grid is safe and covers the pull; whenever it declines, no safe grid could have. Run by
 // tests/test_combine_grid.py; prints "<cases> cases, <violations> violations" and the first few violations.
+#include <algorithm>
 #include <cstdio>
 
 #include "flashinfer_a2a/combine.cuh"
@@ -30,13 +31,18 @@ long long MaxBlocks(int num_sms, int device_sms, int ep, bool own_gpu) {
   return blocks;
 }
 
-// With a GPU per rank the blocks have exactly OwnGpuPullWarps warps; where ranks share a GPU, 8 to 32.
+// With a GPU per rank on the whole GPU the blocks have exactly OwnGpuPullWarps warps, each pulling up to
+// kOwnGpuFusedItems items; under an SM budget 8 to 32 warps, an item each; where ranks share a GPU 8 to 32 warps, up
+// to kSharedGpuFusedItems items each.
 void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu, bool wide) {
   const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu, wide);
   const long long max_blocks = MaxBlocks(num_sms, device_sms, ep, own_gpu);
-  const long long items_per_warp = own_gpu ? flashinfer_a2a::kOwnGpuFusedItems : flashinfer_a2a::kSharedGpuFusedItems;
-  const long long min_warps = own_gpu ? flashinfer_a2a::OwnGpuPullWarps(wide) : flashinfer_a2a::kCombineWarps;
-  const long long max_warps = own_gpu ? min_warps : flashinfer_a2a::kFusedCombineMaxThreads / 32;
+  const bool whole = own_gpu && num_sms == device_sms;
+  const long long items_per_warp = whole ? flashinfer_a2a::kOwnGpuFusedItems
+                                   : own_gpu ? 1
+                                             : flashinfer_a2a::kSharedGpuFusedItems;
+  const long long min_warps = whole ? flashinfer_a2a::OwnGpuPullWarps(wide) : flashinfer_a2a::kCombineWarps;
+  const long long max_warps = whole ? min_warps : flashinfer_a2a::kFusedCombineMaxThreads / 32;
   const bool possible = max_blocks >= 1 && warps <= max_blocks * max_warps * items_per_warp;
   auto violation = [&](const char* what) { Violation(what, warps, num_sms, device_sms, ep, own_gpu, wide, s); };
   if (s.blocks == 0) {
@@ -60,7 +66,9 @@ int main() {
   const int device_sms_list[] = {78, 114, 132, 148};
   const int ep_list[] = {1, 2, 3, 4, 5, 8, 16, 32, 72, 200};
   for (int device_sms : device_sms_list) {
-    for (int num_sms = 1; num_sms <= device_sms; num_sms += (num_sms < 8 ? 1 : 7)) {
+    // Budgets from 1 up, then the whole GPU.
+    for (int num_sms = 1; num_sms <= device_sms; num_sms = num_sms == device_sms ? device_sms + 1
+                                                           : std::min(device_sms, num_sms + (num_sms < 8 ? 1 : 7))) {
       for (int ep : ep_list) {
         for (int own_gpu = 0; own_gpu < 2; ++own_gpu) {
           for (int wide = 0; wide <= own_gpu; ++wide) {  // the fan-out only shapes a GPU per rank's grid

@@ -220,11 +220,14 @@ inline int PullVecsFor(int64_t narrow_items, int64_t warps, int vec_bytes) {
 // The grid of a one-kernel combine: every block waits for the peers before it pulls, so the grid must run in one
 // wave.
 // - With a GPU per rank only this GPU's own work can be delayed by the waiting blocks: a block per multiprocessor at
-//   most, of OwnGpuPullWarps warps, each pulling up to kOwnGpuFusedItems items in turn. Fewer partials in flight
-//   beat a warp per item on real links. The combine alone, before (blocks of 8-32 warps, a warp per item, two
-//   kernels past that) -> after: 4 H100s, 128 tokens 32.5 -> 28.5 us, 1024 tokens 140 -> 135, 8192 tokens 995 ->
-//   973; 2 H100s, 128 tokens 17.1 -> 15.7, 1024 tokens 57.9 -> 56.3, 8192 tokens 364 -> 362 (DeepSeek-V3 rows).
-//   Larger pulls than that take two kernels.
+//   most. On the whole GPU the blocks have OwnGpuPullWarps warps, each pulling up to kOwnGpuFusedItems items in
+//   turn: fewer partials in flight beat a warp per item on real links. The combine alone, before (as under a
+//   budget, below) -> after: 4 H100s, 128 tokens 32.5 -> 28.5 us, 1024 tokens 140 -> 135, 8192 tokens 995 -> 973;
+//   2 H100s, 128 tokens 17.1 -> 15.7, 1024 tokens 57.9 -> 56.3, 8192 tokens 364 -> 362 (DeepSeek-V3 rows).
+// - With a GPU per rank under an SM budget (grid_sms < device_sms) blocks keep 8 warps while there are enough of
+//   them, then grow to 32, a warp per item; larger pulls take two kernels, whose grid is not held to the budget.
+//   Blocks of 4-8 warps on 32 multiprocessors left too few partials in flight: the a2a alone took 1.5-1.8x its
+//   whole-GPU time at 1024-4096 tokens on 2 and 4 H100s, against 0.93-1.06x this way.
 // - Where ranks share a GPU (simulated ranks, processes on one GPU) each has at most one such kernel running, and a
 //   peer can always finish what it still has to run (a dispatch, a publish) while every rank's waiting blocks
 //   together leave a multiprocessor free. Within that cap blocks keep 8 warps while there are enough of them, then
@@ -232,22 +235,24 @@ inline int PullVecsFor(int64_t narrow_items, int64_t warps, int vec_bytes) {
 //   during the current one's sums); past that the second launch costs less.
 constexpr int kSharedGpuFusedItems = 4;
 constexpr int kOwnGpuFusedItems = 512;
-// Warps a block of the one-kernel combine has with a GPU per rank: 4 where tokens fan out wide (WideFanOut), else 8.
+// Warps a block of the one-kernel combine has with a GPU per rank on the whole GPU: 4 where tokens fan out wide
+// (WideFanOut), else 8.
 constexpr int OwnGpuPullWarps(bool wide_fan_out) { return wide_fan_out ? 4 : 8; }
 struct FusedCombineShape {
   int blocks = 0, threads = 0;  // blocks == 0: the combine does not fit one kernel
 };
 inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device_sms, int ep_size,
                                          bool one_gpu_per_rank, bool wide_fan_out) {
-  if (one_gpu_per_rank) {
+  if (one_gpu_per_rank && grid_sms >= device_sms) {  // the whole GPU
     const int64_t per_block = OwnGpuPullWarps(wide_fan_out);
     if (grid_sms < 1 || warps > grid_sms * per_block * kOwnGpuFusedItems) return {};
     const int64_t blocks = std::min<int64_t>(grid_sms, (warps + per_block - 1) / per_block);
     return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
   }
   constexpr int kMaxWarps = kFusedCombineMaxThreads / 32;
-  const int64_t cap = std::min<int64_t>(grid_sms, (device_sms - 1) / ep_size);
-  if (cap < 1 || warps > cap * kMaxWarps * kSharedGpuFusedItems) return {};
+  const int64_t cap = one_gpu_per_rank ? grid_sms : std::min<int64_t>(grid_sms, (device_sms - 1) / ep_size);
+  const int64_t items_per_warp = one_gpu_per_rank ? 1 : kSharedGpuFusedItems;
+  if (cap < 1 || warps > cap * kMaxWarps * items_per_warp) return {};
   const int64_t per_block = std::clamp<int64_t>((warps + cap - 1) / cap, kCombineWarps, kMaxWarps);
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(cap, (warps + per_block - 1) / per_block));
   return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};

@@ -174,8 +174,9 @@ __device__ __forceinline__ int CountRoutes(int32_t entry, int ep_size, int runti
 // Whether each token may go to more than two ranks (top_k and ep_size both above 2) over links of their own (a GPU
 // per rank). Then the links carry a copy faster with fewer transfers in flight than a kernel filling the whole GPU
 // issues (a token's row is stored to, or summed from, up to min(top_k, ep_size) ranks at once), and the dispatch
-// and combine launch narrower (DispatchLaunchShapeFor, OwnGpuPullWarps). Measured on 4 H100s of one NVSwitch host;
-// with 2 ranks the full-width launches stayed as fast or faster.
+// and combine launch narrower on the whole GPU (DispatchLaunchShapeFor, OwnGpuPullWarps); under an SM budget their
+// grids are narrow already. Measured on 4 H100s of one NVSwitch host; with 2 ranks the full-width launches stayed
+// as fast or faster.
 __host__ __device__ constexpr bool WideFanOut(int top_k, int ep_size, bool one_gpu_per_rank) {
   return one_gpu_per_rank && top_k > 2 && ep_size > 2;
 }
