@@ -421,11 +421,11 @@ inline int DispatchMaxBlocks(QuantFormat f, int grid_sms) { return grid_sms * Di
 
 // How the plain copy (format kNone) launches: at most max_blocks blocks, pieces of piece_vectors 16-byte vectors a
 // lane. Where tokens fan out wide (WideFanOut) on the whole GPU (no SM budget: grid_sms == device_sms) it keeps
-// fewer stores in flight: pieces of 2 vectors, and blocks of at least 2 tokens while that leaves kWideFanOutMinBlocks
-// blocks or more. 4 H100s, pair of the slowest rank,
-// before -> after: 64 tokens 34.9 -> 32.5 us, 128 tokens 57.4 -> 53.0, 1024 tokens 278 -> 264, 8192 tokens no
-// change. With 2 ranks each change made 16-128 tokens slower (by up to 1.2 us). The quantizing kernels, bound by
-// instructions rather than the link, keep their launch.
+// fewer stores in flight: pieces of 2 vectors, and blocks of at least 2 tokens where that leaves
+// kWideFanOutMinBlocks blocks or more. 4 H100s, pair of the slowest rank, before -> after: 64 tokens 34.9 -> 32.5
+// us, 128 tokens 57.4 -> 53.0, 1024 tokens 278 -> 264, 8192 tokens no change; at 16 and 32 tokens blocks of 2
+// tokens were slower. With 2 ranks each change made 16-128 tokens slower (by up to 1.2 us). The quantizing kernels,
+// bound by instructions rather than the link, keep their launch.
 constexpr int kWideFanOutMinBlocks = 32;
 struct DispatchLaunchShape {
   int max_blocks;
@@ -435,8 +435,8 @@ inline DispatchLaunchShape DispatchLaunchShapeFor(QuantFormat f, int grid_sms, i
                                                   bool wide_fan_out) {
   const int max_blocks = DispatchMaxBlocks(f, grid_sms);
   if (f != QuantFormat::kNone || !wide_fan_out || grid_sms < device_sms) return {max_blocks, kDispatchPieceVectors};
-  const int two_per_block = std::max(kWideFanOutMinBlocks, (num_tokens + 1) / 2);
-  return {std::min(max_blocks, two_per_block), kWideFanOutPieceVectors};
+  if (num_tokens < 2 * kWideFanOutMinBlocks) return {max_blocks, kWideFanOutPieceVectors};
+  return {std::min(max_blocks, (num_tokens + 1) / 2), kWideFanOutPieceVectors};
 }
 // Tokens per block of a dispatch of num_tokens (the last block may own fewer).
 inline int DispatchChunk(int num_tokens, int max_blocks) {
