@@ -8,28 +8,14 @@ tests/gpu/test_fused_combine.py runs the kernels."""
 
 from __future__ import annotations
 
-import re
-import subprocess
 from pathlib import Path
 
-import pytest
-
-from flashinfer_a2a.jit import toolchain
+from .host_checks import run_host_check
 
 SOURCE = Path(__file__).with_name("combine_grid_check.cu")
 
 
 def test_fused_combine_grid_is_safe_and_declines_only_when_it_must(tmp_path):
-    try:
-        nvcc, cutlass = toolchain.nvcc(), toolchain.cutlass_include_dir()
-    except RuntimeError as err:
-        pytest.skip(str(err))
-    binary = tmp_path / "combine_grid_check"
-    subprocess.run([str(nvcc), "-std=c++17", "-O2", "--expt-relaxed-constexpr",
-                    "-gencode=arch=compute_90a,code=compute_90a", f"-I{toolchain.include_dir()}", f"-I{cutlass}",
-                    "-o", str(binary), str(SOURCE)], check=True)
-    result = subprocess.run([str(binary)], capture_output=True, text=True)
-    match = re.search(r"^(\d+) cases, (\d+) violations$", result.stdout, re.MULTILINE)
-    assert match, result.stdout + result.stderr
-    assert int(match[1]) > 4_000_000
-    assert (int(match[2]), result.returncode) == (0, 0), result.stdout
+    cases, violations, result = run_host_check(SOURCE, tmp_path)
+    assert cases > 4_000_000
+    assert (violations, result.returncode) == (0, 0), result.stdout
