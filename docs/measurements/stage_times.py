@@ -7,10 +7,14 @@
 Copies the package into a temporary directory, inserts ``%globaltimer`` stamps (thread 0 of the dispatch block
 that publishes, and of the one-kernel combine's first block) at the stage boundaries, builds that copy in a cache
 of its own and runs ``--steps`` steps (30) of simulated ranks (or, under torchrun, of this process's rank) in one
-CUDA graph, replayed 20 times, with no event between steps. Prints per simulated-rank count and token count the step period (rank 0's dispatch start to the
-next, within a replay: median and mean) and the median time of each stage. A combine too large for one kernel is
-not stamped. The stamps cost a few instructions each; the package itself is left untouched. What it printed at the
-release is in docs/benchmarks.md ("Where the time goes").
+CUDA graph, replayed 20 times, with no event between steps. Prints per simulated-rank count and token count the
+step period (rank 0's dispatch start to the next, within a replay: median and mean) and the median time of each
+stage. Every block also folds into the step's record the earliest start of a dispatch block and the latest end of
+the stages all blocks go through (copy, arrival, the combine's wait and pull), which gives a timeline of the step
+from its first dispatch block's start. Blocks start early (programmatic dependent launch) and wait for the kernel
+before them, so that start lies inside the previous combine: the timeline shows where the previous step ends. A
+combine too large for one kernel is not stamped. The stamps cost a few instructions (and one barrier) each; the
+package itself is left untouched. What it printed at the release is in docs/benchmarks.md ("Where the time goes").
 """
 
 import argparse
@@ -33,8 +37,28 @@ __device__ __forceinline__ void FlushStamps(const Ranks& r, uint32_t epoch, int 
   uint64_t* out = reinterpret_cast<uint64_t*>(r.Base(r.ep_rank) + r.bytes_per_rank - %d) + (epoch %% 32) * 32;
   for (int i = first; i < first + n; ++i) out[i] = StageStamps()[i];
   out[first + 15] = epoch;
+  if (first == 0) {  // the next epoch's cross-block words (below), which its blocks fold their times into
+    uint64_t* next = out - (epoch %% 32) * 32 + ((epoch + 1) %% 32) * 32;
+    next[8] = ~0ull;
+    next[9] = next[10] = next[11] = next[12] = 0;
+  }
 }
-""" % TRACE_BYTES
+// Word w of this epoch's record, which every block folds a time into (the earliest, or the latest).
+__device__ __forceinline__ unsigned long long* TraceWord(const Ranks& r, uint32_t epoch, int w) {
+  return reinterpret_cast<unsigned long long*>(r.Base(r.ep_rank) + r.bytes_per_rank - %d) + (epoch %% 32) * 32 + w;
+}
+__device__ __forceinline__ void FoldTime(const Ranks& r, uint32_t epoch, int w, uint64_t t, bool earliest) {
+  if (threadIdx.x != 0) return;
+  const auto time = static_cast<unsigned long long>(t);
+  if (earliest) {
+    atomicMin(TraceWord(r, epoch, w), time);
+  } else {
+    atomicMax(TraceWord(r, epoch, w), time);
+  }
+}
+#define EARLIEST(w, t) FoldTime(p.ranks, epoch, w, t, true)
+#define LATEST(w) FoldTime(p.ranks, epoch, w, GlobalTimerNs(), false)
+""" % (TRACE_BYTES, TRACE_BYTES)
 
 # (header, anchor, text inserted before it, text inserted after it); every anchor must occur exactly once.
 EDITS = [
@@ -44,8 +68,10 @@ EDITS = [
     ("dispatch.cuh", "    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch);\n", "",
      "    if (threadIdx.x == 0 && mask.words[0] == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the ids\n"
      "    STAMP(2);\n"),
-    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_warp, s_ballot);\n", "", "  STAMP(3);\n"),
-    ("dispatch.cuh", "  // Step 3: the last block publishes counts", "  STAMP(4);\n", ""),
+    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_warp, s_ballot);\n", "",
+     "  STAMP(3);\n  EARLIEST(8, StageStamps()[0]);\n"),
+    ("dispatch.cuh", "  // Step 3: the last block publishes counts",
+     "  STAMP(4);\n  __syncthreads();\n  LATEST(9);\n", ""),
     ("dispatch.cuh", "    PublishDispatch(p, r, epoch, count);\n  }\n", "", "  STAMP(5);\n"),
     ("dispatch.cuh", "  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);\n"
      "  __syncthreads();\n", "", "  STAMP(6);\n  FlushStamps(p.ranks, epoch, 0, 7);\n"),
@@ -56,10 +82,20 @@ EDITS = [
      "  STAMP(17);\n"),
     ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch);\n", "", "  STAMP(18);\n"),
     ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;\n", "",
-     "  STAMP(19);\n"),
+     "  STAMP(19);\n  LATEST(12);\n"),
     ("combine.cuh", "  PullItems<T, kVec, kVecs>(p, failed, first_item, item_stride, &first_entry);\n", "",
-     "  __syncthreads();\n  STAMP(20);\n  if (blockIdx.x == 0) FlushStamps(p.ranks, epoch, 16, 5);\n"),
+     "  __syncthreads();\n  STAMP(20);\n  LATEST(11);\n"
+     "  if (blockIdx.x == 0) FlushStamps(p.ranks, epoch, 16, 5);\n"),
 ]
+# (header, text, replacement): where a stamp goes inside a line's statement. Every text must occur exactly once.
+REPLACE = [
+    ("dispatch.cuh", "  if (!ArriveLastBlock(&meta->blocks_done)) return;\n",
+     "  const bool last_block = ArriveLastBlock(&meta->blocks_done);\n  LATEST(10);\n  if (!last_block) return;\n"),
+]
+# The timeline: (label, word), times from the earliest dispatch block's start (word 8). Words 0-6 are the publishing
+# dispatch block's stamps, 16-20 the combine's first block's, 8-12 folded over every block.
+TIMELINE = [("last copy", 9), ("last arrival", 10), ("published", 5), ("peers' counts", 6),
+            ("combine: peers seen", 19), ("every block's", 12), ("last pull", 11)]
 DISPATCH = ["start", "table+epoch", "ids", "route", "copy", "publish", "peers"]
 COMBINE = ["start", "epoch", "publish", "peers", "pull"]
 
@@ -75,6 +111,13 @@ def stamped_copy(dest: pathlib.Path) -> None:
             raise SystemExit(f"{name}: the anchor {anchor.strip()[:60]!r} occurs {text.count(anchor)} times; "
                              "the kernels changed since this script was written")
         path.write_text(text.replace(anchor, before + anchor + after))
+    for name, text, replacement in REPLACE:
+        path = headers / name
+        source = path.read_text()
+        if source.count(text) != 1:
+            raise SystemExit(f"{name}: {text.strip()[:60]!r} occurs {source.count(text)} times; the kernels changed "
+                             "since this script was written")
+        path.write_text(source.replace(text, replacement))
 
 
 def measure(sess, ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None:
@@ -145,6 +188,9 @@ def _report(samples: list[dict], ranks: int, first_rank: int):
         combine = " ".join(f"{COMBINE[i]} {stage(15 + i, 16 + i):.2f}" for i in range(1, len(COMBINE)))
         stages.append(f"  rank {first_rank + r} us | period {period:.2f} | dispatch: {dispatch} | "
                       f"to combine {stage(6, 16):.2f} | combine: {combine}")
+        marks = " ".join(f"{label} {stage(8, w):.2f}" for label, w in TIMELINE)
+        stages.append(f"    from the first dispatch block's start: route {stage(8, 3):.2f} {marks} | next step's "
+                      f"first block {period:.2f}")
     return header, stages
 
 
