@@ -26,7 +26,6 @@ namespace {
   X(error_peer_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, peer))        \
   X(error_epoch_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, epoch))      \
   X(error_detail_offset, offsetof(RankMetadata, error) + offsetof(ErrorRecord, detail))    \
-  X(send_counts_offset, offsetof(RankMetadata, send_counts))                               \
   X(dispatch_signal_offset, offsetof(RankMetadata, dispatch_signal))                       \
   X(peer_runtime_max_offset, offsetof(RankMetadata, peer_runtime_max))                     \
   X(combine_signal_offset, offsetof(RankMetadata, combine_signal))                         \

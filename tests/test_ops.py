@@ -17,8 +17,8 @@ def _align(x, a=128):
 
 
 # RankMetadata written out by hand: (field, bytes), each block 128-byte aligned, sized for 72 ranks.
-_META_BLOCKS = [("epochs", 5 * 4), ("error", 4 * 4 + 8), ("send_counts", 72 * 4), ("dispatch_signal", 72 * 8),
-                ("peer_runtime_max", 72 * 8), ("peer_call_layout", 72 * 16), ("combine_signal", 72 * 4)]
+_META_BLOCKS = [("epochs", 5 * 4), ("error", 4 * 4 + 8), ("dispatch_signal", 72 * 8), ("peer_runtime_max", 72 * 8),
+                ("peer_call_layout", 72 * 16), ("combine_signal", 72 * 4)]
 
 
 def _expected(ep_size, max_tokens, top_k, dispatch_bytes, combine_bytes):
@@ -55,7 +55,6 @@ def test_workspace_size_and_metainfo(sizes):
     for name, value in regions.items():
         assert got[name] == value, name
     assert got["error_code_offset"] == offsets["error"]
-    assert got["send_counts_offset"] == offsets["send_counts"]
     assert got["dispatch_signal_offset"] == offsets["dispatch_signal"]
     assert got["peer_runtime_max_offset"] == offsets["peer_runtime_max"]
     assert got["combine_signal_offset"] == offsets["combine_signal"]

@@ -4,10 +4,10 @@
     python docs/measurements/stage_times.py --ranks 2 4 --tokens 1 64 128
     torchrun --nproc-per-node 2 docs/measurements/stage_times.py --tokens 1 64 128   # a GPU per rank (NVLink)
 
-Copies the package into a temporary directory, inserts ``%globaltimer`` stamps (thread 0 of the dispatch block
-that publishes, and of the one-kernel combine's first block) at the stage boundaries, builds that copy in a cache
-of its own and runs ``--steps`` steps (30) of simulated ranks (or, under torchrun, of this process's rank) in one
-CUDA graph, replayed 20 times, with no event between steps. Prints per simulated-rank count and token count the
+Copies the package into a temporary directory, inserts ``%globaltimer`` stamps (thread 0 of the dispatch block that
+waits for the peers, and of the one-kernel combine's first block) at the stage boundaries, builds that copy in a
+cache of its own and runs ``--steps`` steps (30) of simulated ranks (or, under torchrun, of this process's rank) in
+one CUDA graph, replayed 20 times, with no event between steps. Prints per simulated-rank count and token count the
 step period (rank 0's dispatch start to the next, within a replay: median and mean) and the median time of each
 stage. Every block also folds into the step's record the earliest start of a dispatch block and the latest end of
 the stages all blocks go through (copy, arrival, the combine's wait and pull), which gives a timeline of the step
@@ -68,11 +68,10 @@ EDITS = [
     ("dispatch.cuh", "    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch);\n", "",
      "    if (threadIdx.x == 0 && mask.words[0] == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the ids\n"
      "    STAMP(2);\n"),
-    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_warp, s_ballot);\n", "",
+    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_chunk, s_warp, s_ballot);\n", "",
      "  STAMP(3);\n  EARLIEST(8, StageStamps()[0]);\n"),
-    ("dispatch.cuh", "  // Step 3: the last block publishes counts",
+    ("dispatch.cuh", "  // Step 3: every block arrives at every rank",
      "  STAMP(4);\n  __syncthreads();\n  LATEST(9);\n", ""),
-    ("dispatch.cuh", "    PublishDispatch(p, r, epoch, count);\n  }\n", "", "  STAMP(5);\n"),
     ("dispatch.cuh", "  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);\n"
      "  __syncthreads();\n", "", "  STAMP(6);\n  FlushStamps(p.ranks, epoch, 0, 7);\n"),
     ("combine.cuh", "CombineFusedKernel(const __grid_constant__ CombineParams p) {\n", "", "  STAMP(16);\n"),
@@ -89,14 +88,13 @@ EDITS = [
 ]
 # (header, text, replacement): where a stamp goes inside a line's statement. Every text must occur exactly once.
 REPLACE = [
-    ("dispatch.cuh", "  if (!ArriveLastBlock(&meta->blocks_done)) return;\n",
-     "  const bool last_block = ArriveLastBlock(&meta->blocks_done);\n  LATEST(10);\n  if (!last_block) return;\n"),
+    ("dispatch.cuh", "  if (!s_last) return;\n", "  LATEST(10);\n  if (!s_last) return;\n  STAMP(5);\n"),
 ]
-# The timeline: (label, word), times from the earliest dispatch block's start (word 8). Words 0-6 are the publishing
+# The timeline: (label, word), times from the earliest dispatch block's start (word 8). Words 0-6 are the waiting
 # dispatch block's stamps, 16-20 the combine's first block's, 8-12 folded over every block.
-TIMELINE = [("last copy", 9), ("last arrival", 10), ("published", 5), ("peers' counts", 6),
+TIMELINE = [("last copy", 9), ("last arrival", 10), ("peers' counts", 6),
             ("combine: peers seen", 19), ("every block's", 12), ("last pull", 11)]
-DISPATCH = ["start", "table+epoch", "ids", "route", "copy", "publish", "peers"]
+DISPATCH = ["start", "table+epoch", "ids", "route", "copy", "arrive", "peers"]
 COMBINE = ["start", "epoch", "publish", "peers", "pull"]
 
 

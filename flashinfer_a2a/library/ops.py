@@ -27,7 +27,6 @@ METAINFO_NAMES = (
     "error_peer_offset",
     "error_epoch_offset",
     "error_detail_offset",
-    "send_counts_offset",
     "dispatch_signal_offset",
     "peer_runtime_max_offset",
     "combine_signal_offset",

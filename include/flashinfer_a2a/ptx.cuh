@@ -35,6 +35,12 @@ __device__ __forceinline__ uint32_t AtomicAddAcqRelSys(uint32_t* addr, uint32_t 
   return old;
 }
 
+// Adds `value` at addr with release semantics at system scope, returning nothing: the add waits for the thread's
+// earlier stores (and those a barrier ordered before it) to be performed, then travels like a store.
+__device__ __forceinline__ void RedAddReleaseSys(uint64_t* addr, uint64_t value) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(addr), "l"(value) : "memory");
+}
+
 // Kernels launched by LaunchAfterPrior may start while the kernel before them in the stream is still finishing
 // (programmatic dependent launch, sm_90+): each waits here, before it touches memory, until that kernel has completed
 // and its writes are visible. A kernel launched without the attribute returns at once.

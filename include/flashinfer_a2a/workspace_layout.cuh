@@ -61,17 +61,18 @@ struct alignas(kAlignBytes) RankMetadata {
   uint32_t combine_claim;                        // rows claimed by the running pushed combine's pushers; 0 between
   uint32_t combine_reduce_claim;                 // token chunks claimed by its reducers; 0 between launches
   alignas(kAlignBytes) ErrorRecord error;
-  alignas(kAlignBytes) int32_t send_counts[kMaxRanks];  // tokens sent to each rank by the running dispatch
   // Written by peers, indexed by the writing rank.
-  // Words a peer stores as (epoch << 32) | value (Tagged): the signal, and before it what the receiver checks.
-  // Tagged with their epoch, the checked words can be loaded beside the signal instead of after its acquire.
-  alignas(kAlignBytes) uint64_t dispatch_signal[kMaxRanks];      // tokens that rank sent here
+  // The arrival word of that rank's running dispatch: its blocks add (1 << 32) | their tokens sent here, the first
+  // block the units to make kDispatchArrivalUnits (dispatch.cuh); cleared by this rank once complete.
+  alignas(kAlignBytes) uint64_t dispatch_signal[kMaxRanks];
+  // Words a peer stores as (epoch << 32) | value (Tagged), which the receiver checks beside the arrival word: tagged
+  // with their epoch, they can be loaded with it instead of after its acquire.
   alignas(kAlignBytes) uint64_t peer_runtime_max[kMaxRanks];     // its runtime_max_tokens_per_rank
   alignas(kAlignBytes) uint64_t peer_call_layout[kMaxRanks][2];  // its CallLayout fingerprint: low, high 32 bits
   alignas(kAlignBytes) uint32_t combine_signal[kMaxRanks];   // epoch whose combine input that rank has published
 };
 
-// Fingerprint of a dispatch call's layout, published with the send counts so a receiver can refuse rows laid out
+// Fingerprint of a dispatch call's layout, published with its arrivals so a receiver can refuse rows laid out
 // differently from its own call (int64 ids on one rank, int32 on another: every row lands at the wrong offsets).
 // Fields sit in bit ranges of their own, so the XOR of two fingerprints names the fields that differ:
 //   bits 0-5 top_k (columns of topk_ids), bit 6 int64 ids, bits 7-8 QuantFormat, bit 9 swizzled scales,
