@@ -13,7 +13,7 @@
 //     until every peer's blocks have all arrived, and clears its arrival words for the next dispatch.
 // Only one block per rank ever spins, so ranks simulated on one GPU (each on its own stream) cannot starve each
 // other of multiprocessors.
-// Split phase (DispatchPhase): the send kernel stops after step 3's publish, and advances the epoch; the receive is a
+// Split phase (DispatchPhase): the send kernel stops after step 3's arrivals, and advances the epoch; the receive is a
 // kernel of one block (DispatchRecvKernel) that waits for the peers' counts of that epoch. Between the two the
 // stream is free for other work, and nothing of this dispatch holds a multiprocessor.
 #pragma once
