@@ -263,12 +263,12 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
     # ---- Initialize (csrc/workspace.cu)
     "Initialize: IsDType(metainfo, kDLInt, 64) && metainfo.ndim() == 1 && metainfo.size(0) == kNumMetainfo && "
     "metainfo.IsContiguous() && metainfo.device().device_type == kDLCPU": (
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int32, (17,), "cpu")), ValueError, "metainfo must be"),
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (17, 1), "cpu")), ValueError, "metainfo must be"),
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (16,), "cpu")), ValueError, r"shape \[17\]"),
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (17,), "cpu", strides=(2,))), ValueError,
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int32, (16,), "cpu")), ValueError, "metainfo must be"),
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (16, 1), "cpu")), ValueError, "metainfo must be"),
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (15,), "cpu")), ValueError, r"shape \[16\]"),
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (16,), "cpu", strides=(2,))), ValueError,
             "metainfo must be a contiguous"),
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (17,))), ValueError, "CPU int64")),
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (16,))), ValueError, "CPU int64")),
     # A real tensor here is on CUDA or the CPU; a fake one may claim another device.
     "Initialize: IsCuda(workspace)":
         Bad("initialize", lambda: dict(workspace=_foreign_workspace()), ValueError,
