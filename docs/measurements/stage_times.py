@@ -86,9 +86,12 @@ EDITS = [
      "  __syncthreads();\n  STAMP(20);\n  LATEST(11);\n"
      "  if (blockIdx.x == 0) FlushStamps(p.ranks, epoch, 16, 5);\n"),
 ]
-# (header, text, replacement): where a stamp goes inside a line's statement. Every text must occur exactly once.
+# (header, text, replacement): where a stamp goes inside a statement (after the count that elects the waiting block,
+# in every block). Every text must occur exactly once.
 REPLACE = [
-    ("dispatch.cuh", "  if (!s_last) return;\n", "  LATEST(10);\n  if (!s_last) return;\n  STAMP(5);\n"),
+    ("dispatch.cuh", "  if (!CountLastBlock</*kAcqRelSys=*/false>(&meta->blocks_done)) return;\n",
+     "  const bool last_block = CountLastBlock</*kAcqRelSys=*/false>(&meta->blocks_done);\n  LATEST(10);\n"
+     "  if (!last_block) return;\n  STAMP(5);\n"),
 ]
 # The timeline: (label, word), times from the earliest dispatch block's start (word 8). Words 0-6 are the waiting
 # dispatch block's stamps, 16-20 the combine's first block's, 8-12 folded over every block.

@@ -268,21 +268,18 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   }
 }
 
-// A sender's blocks each add to the receiver's arrival word (RankMetadata::dispatch_signal) a unit, in the high 32
-// bits, and the tokens they sent it, in the low 32; block 0 adds kDispatchArrivalUnits - gridDim.x units more, so
-// that whatever the sender's grid, its dispatch is complete when the units reach kDispatchArrivalUnits. The receiver
-// then takes the count and clears the word for the next dispatch (whose adds come only after this rank's combine
-// has told the sender its data was taken).
+// A sender's blocks each add to the receiver's arrival word (RankMetadata::dispatch_signal), laid out as a tagged
+// word with units where the epoch goes: a unit, and the tokens they sent it as the value; block 0 adds
+// kDispatchArrivalUnits - gridDim.x units more, so that whatever the sender's grid, its dispatch is complete when the
+// units reach kDispatchArrivalUnits. The receiver then takes the count and clears the word for the next dispatch
+// (whose adds come only after this rank's combine has told the sender its data was taken).
 constexpr uint32_t kDispatchArrivalUnits = 1u << 16;  // more than any dispatch grid (DispatchMaxBlocks)
-__device__ __forceinline__ uint64_t ArrivalOf(uint32_t units, int32_t tokens) {
-  return (static_cast<uint64_t>(units) << 32) | static_cast<uint32_t>(tokens);
-}
 
 // What the sender published: its arrival word, and its runtime_max and call layout (tagged words, see RankMetadata).
 struct PeerCall {
   uint64_t signal, runtime_max, layout_low, layout_high;
   __device__ __forceinline__ bool Complete(uint32_t epoch) const {
-    return (signal >> 32) == kDispatchArrivalUnits && TagOf(runtime_max) == epoch && TagOf(layout_low) == epoch &&
+    return TagOf(signal) == kDispatchArrivalUnits && TagOf(runtime_max) == epoch && TagOf(layout_low) == epoch &&
            TagOf(layout_high) == epoch;
   }
   __device__ __forceinline__ uint64_t Layout() const {
@@ -305,7 +302,7 @@ __device__ __forceinline__ void PublishCallWords(const DispatchParams& p, int r,
 // a barrier ordered before it: its rows, and block 0's call words.
 __device__ __forceinline__ void ArriveAtRank(const DispatchParams& p, int r, int32_t tokens) {
   const uint32_t units = blockIdx.x == 0 ? kDispatchArrivalUnits - gridDim.x + 1 : 1;
-  RedAddReleaseSys(&p.ranks.Meta(r)->dispatch_signal[p.ranks.ep_rank], ArrivalOf(units, tokens));
+  RedAddReleaseSys(&p.ranks.Meta(r)->dispatch_signal[p.ranks.ep_rank], Tagged(units, static_cast<uint32_t>(tokens)));
 }
 
 // Waits (bounded) until every peer's dispatch of `epoch` has arrived and writes the counts, zero for a peer that timed
@@ -336,7 +333,7 @@ __device__ __forceinline__ void ReceiveDispatchCounts(const DispatchParams& p, R
       RecordError(meta, ErrorCode::kCallLayoutMismatch, Phase::kDispatch, src, epoch,
                   static_cast<int64_t>(peer.Layout() ^ call_layout));
     } else {
-      count = static_cast<int32_t>(static_cast<uint32_t>(peer.signal));
+      count = static_cast<int32_t>(ValueOf(peer.signal));
     }
     p.recv_counts[src] = count;
   }
@@ -416,10 +413,7 @@ __global__ void __launch_bounds__(kDispatchThreads, DispatchBlocksPerSm(F))
   // pair in the same run, this way 1.3-2.0 us less at 16 to 1024 tokens (0.2-0.3 us more at 1 token).
   __syncthreads();
   for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) ArriveAtRank(p, r, s_chunk[r]);
-  __shared__ bool s_last;
-  if (threadIdx.x == 0) s_last = gridDim.x == 1 || atomicAdd(&meta->blocks_done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!s_last) return;
+  if (!CountLastBlock</*kAcqRelSys=*/false>(&meta->blocks_done)) return;
   if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);
   __syncthreads();
   if (threadIdx.x == 0) {

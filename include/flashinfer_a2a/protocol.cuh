@@ -181,6 +181,21 @@ __host__ __device__ constexpr bool WideFanOut(int top_k, int ep_size, bool one_g
   return one_gpu_per_rank && top_k > 2 && ep_size > 2;
 }
 
+// Counts the calling block in, once per block, after a barrier the caller has passed; exactly one block (the last
+// to arrive, whichever it is) gets true. kAcqRelSys: the count is an acquire-release atomic at system scope
+// (ArriveLastBlock); otherwise a relaxed one that only elects the block, for blocks that release their stores
+// themselves (the dispatch's arrivals).
+template <bool kAcqRelSys>
+__device__ __forceinline__ bool CountLastBlock(uint32_t* blocks_done) {
+  __shared__ bool is_last;
+  if (gridDim.x == 1) return true;
+  if (threadIdx.x == 0) {
+    is_last = (kAcqRelSys ? AtomicAddAcqRelSys(blocks_done, 1u) : atomicAdd(blocks_done, 1u)) == gridDim.x - 1;
+  }
+  __syncthreads();
+  return is_last;
+}
+
 // Grid completion: every block calls this once after its stores; exactly one block (the last to arrive, whichever
 // it is) gets true. The count is one acquire-release atomic at system scope: its release publishes the block's
 // stores (remote ones included, and those the barrier ordered before it), and its acquire makes every earlier
@@ -188,12 +203,8 @@ __host__ __device__ constexpr bool WideFanOut(int top_k, int ep_size, bool one_g
 // grid of one block needs only the barrier: that release covers every store the barrier ordered before it (and
 // earlier kernels' stores).
 __device__ __forceinline__ bool ArriveLastBlock(uint32_t* blocks_done) {
-  __shared__ bool is_last;
   __syncthreads();
-  if (gridDim.x == 1) return true;
-  if (threadIdx.x == 0) is_last = AtomicAddAcqRelSys(blocks_done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  return is_last;
+  return CountLastBlock</*kAcqRelSys=*/true>(blocks_done);
 }
 
 // True when epoch `seen` has reached `wanted` (wrap-safe).

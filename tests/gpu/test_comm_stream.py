@@ -1,8 +1,8 @@
 """MoeAlltoAll's split calls on communication streams, on one GPU: the transfer runs beside work the caller queues
 after the send; two micro-batches interleaved on simulated ranks equal the serial step bit for bit, eagerly and
 replayed from CUDA graphs; a capture holding a send without its receive is refused clearly; the step compiled by
-torch.compile (the halves run eagerly between the compiled graphs) equals the serial one too. The functional calls on communication streams are in
-test_split_phase.py."""
+torch.compile (the halves run eagerly between the compiled graphs) equals the serial one too. The functional calls
+on communication streams are in test_split_phase.py."""
 
 import subprocess
 import sys
