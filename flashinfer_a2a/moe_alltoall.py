@@ -234,9 +234,9 @@ class MoeAlltoAll:
         """``"push"`` or ``"pull"``: how :meth:`combine` with this ``quant_format`` after a dispatch of
         ``runtime_max`` tokens per rank (default: the pending dispatch's, else ``max_num_tokens``) moves the
         partials. Pushed where the construction asked for it (``push_combine``, or ``combine_format`` equal to
-        ``quant_format``) and every rank has a GPU of its own (ranks sharing one always pull), and for plain
-        partials only from :data:`flashinfer_a2a.library.combine_mode.PUSH_MIN_TOKENS` (4096) tokens per rank, below
-        which the pulled combine is the faster one."""
+        ``quant_format``) and every rank has a GPU of its own (ranks sharing one always pull), and only from
+        :data:`flashinfer_a2a.library.combine_mode.PUSH_MIN_TOKENS` (4096) tokens per rank, below which the pulled
+        combine is the faster one (over either wire)."""
         return self._transport.combine_mode(quant_format, runtime_max)
 
     def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,

@@ -44,10 +44,12 @@ def check_combine_mode_code(combine_mode: int, one_gpu_per_rank: bool, hidden: i
                          f"partial and its landing row), the workspace was sized for {combine_bytes_per_token}")
 
 
-#: Plain partials (no FP8 wire) are pushed only from this many tokens per rank (the call's ``runtime_max``): below
-#: it the pulled combine is the faster one. Pair of the slowest rank in graph mode, pulled / pushed: 2xH200 (2026-11-26)
-#: 2048 tokens 185.0 / 190.3 us, 4096 tokens 353.7 / 350.8, 8192 tokens 690.0 / 673.0; 2xH100 1024 tokens 104.8 /
-#: 113.0, 128 tokens 26.4 / 34.6. The FP8 wire keeps the mode asked for at every size (not measured apart).
+#: Partials are pushed only from this many tokens per rank (the call's ``runtime_max``), over either wire: below it
+#: the pulled combine is the faster one. Pair of the slowest rank in graph mode, pulled / pushed, plain partials:
+#: 2xH200 (2026-11-26) 2048 tokens 185.0 / 190.3 us, 4096 tokens 353.7 / 350.8, 8192 tokens 690.0 / 673.0; 2xH100
+#: 1024 tokens 104.8 / 113.0, 128 tokens 26.4 / 34.6. Over the FP8 wire (bf16 dispatch, 2xH100, 2026-11-27): 1 token
+#: 21.2 / 25.0 us, 16 tokens 22.5 / 29.4, 128 tokens 31.3 / 36.9, 1024 tokens 100.8 / 102.8, 4096 tokens
+#: 321.5 / 305.0, 8192 tokens 610.5 / 576.5.
 PUSH_MIN_TOKENS = 4096
 
 
@@ -57,7 +59,7 @@ def chosen_mode(quant_format: Optional[str], pushed: frozenset, one_gpu_per_rank
     the construction's and the call's ``runtime_max``, the same on every rank."""
     if quant_format not in pushed or not one_gpu_per_rank:
         return "pull"
-    return "push" if quant_format is not None or runtime_max >= PUSH_MIN_TOKENS else "pull"
+    return "push" if runtime_max >= PUSH_MIN_TOKENS else "pull"
 
 
 def pushed_wires(push_combine: bool, combine_format: Optional[str]) -> frozenset:

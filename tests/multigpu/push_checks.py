@@ -4,6 +4,9 @@ sized for the pull, or with room nobody asked to push into, never pushes."""
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 import flashinfer_a2a as fa
@@ -20,11 +23,21 @@ PUSH_CASES = ((torch.bfloat16, 2048, None), (torch.float16, 1026, None), (torch.
               (torch.float16, 2048, "fp8_block"), (torch.bfloat16, 2048, "fp8_block"))
 
 
+@contextlib.contextmanager
+def pushed_at_every_size(enabled: bool = True) -> Iterator[None]:
+    """Partials are pushed from PUSH_MIN_TOKENS tokens per rank only (below, pulling is faster): inside this, a
+    workspace that pushes does so at every size, so that small cases check the pushed path."""
+    kept = combine_mode_rules.PUSH_MIN_TOKENS
+    combine_mode_rules.PUSH_MIN_TOKENS = 0 if enabled else kept
+    try:
+        yield
+    finally:
+        combine_mode_rules.PUSH_MIN_TOKENS = kept
+
+
 def _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens, *, sized=True) -> MoeAlltoAll:
-    """A workspace sized for the pushed combine over `wire` (or, not `sized`, for the pulled one). Plain partials
-    are pushed from PUSH_MIN_TOKENS tokens per rank only (below, pulling is faster): these small cases push at every
-    size, so that the pushed path is what they check."""
-    combine_mode_rules.PUSH_MIN_TOKENS = 0
+    """A workspace sized for the pushed combine over `wire` (or, not `sized`, for the pulled one); its callers run
+    inside pushed_at_every_size."""
     a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * comm.size, hidden_size=hidden,
                       dtype=dtype, combine_format=wire if sized else None, push_combine=sized and wire is None)
     if SHARED_GPU:
@@ -44,46 +57,53 @@ def check_push(group, comm):
     16-byte boundary, runtime_max changing, a rank with no tokens), then under CUDA-graph replay: each output bitwise
     equal to the reference, and every landed row equal to the peer's partial (plain) or to the reference FP8 wire of
     it; the landing blocks are poisoned before each dispatch, so a pull would leave them so."""
-    rank, n = comm.rank, comm.size
     seed = shared_seed(comm)
     top_k, max_tokens = 6, 96
     for c, (dtype, hidden, wire) in enumerate(PUSH_CASES):
-        a2a = _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens)
-        assert a2a.combine_mode(wire) == "push"
-        combine_offset = int(a2a.metainfo[fa.get_metainfo_index_pairs()["combine_offset"]])
-        landing_row = push_combine_bytes_per_token(hidden, dtype, wire) - hidden * dtype.itemsize
-        for i in range(4):
-            s = seed + 100 * c + 11 * i
-            tokens = [(31 * r + 17 * i) % (max_tokens + 1) if (r + i) % 3 else 0 for r in range(n)]
-            runtime_max = max(max(tokens), 1) if i % 2 else max_tokens
-            ids, xs, _ = make_inputs(n, tokens, top_k, hidden, 16 * n, s)
-            xs = [x.to(dtype) for x in xs]
-            # Poisoned before the dispatch: once a peer has this rank's dispatch signal, it may push here.
-            landing_at = combine_offset + n * runtime_max * hidden * dtype.itemsize
-            landing = a2a.workspace[rank, landing_at:landing_at + n * runtime_max * landing_row]
-            landing.fill_(0x5A)
-            a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda()], runtime_max)
-            want = ref.reference_dispatch(ids, [[x] for x in xs], 16 * n, runtime_max)
-            partials = combine_partials(a2a, comm, want, runtime_max, hidden, dtype, s + 1, zero_copy=i % 2 == 1,
-                                        quant_format=wire, misaligned=i == 2 and wire is None)
-            rows = landing.view(n, runtime_max, landing_row).cpu()
-            flags = _push_flags(a2a, rank)
-            for src in range(n):
-                m = int(want.recv_counts[src][rank])  # rows src computed for this rank's tokens
-                if src == rank or m == 0:
-                    continue
-                assert flags[src].any(), f"no push flag from {src}"
-                if wire is None:
-                    sent = partials[src][rank, :m].contiguous().view(torch.uint8).reshape(m, -1)
-                    assert torch.equal(rows[src, :m], sent), f"landed rows from {src} ({dtype})"
-                    continue
-                values, scales = q.quantize(partials[src][rank, :m], wire)
-                assert torch.equal(rows[src, :m, :hidden], values.view(torch.uint8)), f"landed values from {src}"
-                got_scales = rows[src, :m, hidden:hidden + scales.shape[1] * 4].contiguous().view(torch.float32)
-                assert torch.equal(got_scales, scales), f"landed scales from {src}"
-        if hidden == 2048:
-            _replay_push(a2a, comm, top_k, hidden, dtype, wire, seed + 100 * c + 99)
-        a2a.destroy()
+        with pushed_at_every_size():
+            _check_push_case(comm, _pushing(group, comm, dtype, hidden, wire, top_k, max_tokens), c, dtype, hidden,
+                             wire, seed)
+
+
+def _check_push_case(comm, a2a, c, dtype, hidden, wire, seed):
+    """check_push's calls on one workspace (case c of PUSH_CASES)."""
+    rank, n = comm.rank, comm.size
+    top_k, max_tokens = a2a.config.top_k, a2a.config.max_num_tokens
+    assert a2a.combine_mode(wire) == "push"
+    combine_offset = int(a2a.metainfo[fa.get_metainfo_index_pairs()["combine_offset"]])
+    landing_row = push_combine_bytes_per_token(hidden, dtype, wire) - hidden * dtype.itemsize
+    for i in range(4):
+        s = seed + 100 * c + 11 * i
+        tokens = [(31 * r + 17 * i) % (max_tokens + 1) if (r + i) % 3 else 0 for r in range(n)]
+        runtime_max = max(max(tokens), 1) if i % 2 else max_tokens
+        ids, xs, _ = make_inputs(n, tokens, top_k, hidden, 16 * n, s)
+        xs = [x.to(dtype) for x in xs]
+        # Poisoned before the dispatch: once a peer has this rank's dispatch signal, it may push here.
+        landing_at = combine_offset + n * runtime_max * hidden * dtype.itemsize
+        landing = a2a.workspace[rank, landing_at:landing_at + n * runtime_max * landing_row]
+        landing.fill_(0x5A)
+        a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda()], runtime_max)
+        want = ref.reference_dispatch(ids, [[x] for x in xs], 16 * n, runtime_max)
+        partials = combine_partials(a2a, comm, want, runtime_max, hidden, dtype, s + 1, zero_copy=i % 2 == 1,
+                                    quant_format=wire, misaligned=i == 2 and wire is None)
+        rows = landing.view(n, runtime_max, landing_row).cpu()
+        flags = _push_flags(a2a, rank)
+        for src in range(n):
+            m = int(want.recv_counts[src][rank])  # rows src computed for this rank's tokens
+            if src == rank or m == 0:
+                continue
+            assert flags[src].any(), f"no push flag from {src}"
+            if wire is None:
+                sent = partials[src][rank, :m].contiguous().view(torch.uint8).reshape(m, -1)
+                assert torch.equal(rows[src, :m], sent), f"landed rows from {src} ({dtype})"
+                continue
+            values, scales = q.quantize(partials[src][rank, :m], wire)
+            assert torch.equal(rows[src, :m, :hidden], values.view(torch.uint8)), f"landed values from {src}"
+            got_scales = rows[src, :m, hidden:hidden + scales.shape[1] * 4].contiguous().view(torch.float32)
+            assert torch.equal(got_scales, scales), f"landed scales from {src}"
+    if hidden == 2048:
+        _replay_push(a2a, comm, top_k, hidden, dtype, wire, seed + 100 * c + 99)
+    a2a.destroy()
 
 
 def _replay_push(a2a, comm, top_k, hidden, dtype, wire, seed):
@@ -157,15 +177,16 @@ def check_push_missing_rank(group, comm):
     """The last rank dispatches but never combines: the others' pushed combines end with the timeout naming it
     (their reducers wait for its rows), not a hang."""
     last, top_k, tokens = comm.size - 1, 4, 32
-    a2a = _pushing(group, comm, torch.bfloat16, 512, None, top_k, tokens)
-    ids = torch.zeros(tokens, top_k, dtype=torch.int64, device="cuda")
-    ids[:, 0] = a2a.num_experts - 1  # every token goes to the last rank (its experts are the last ones)
-    a2a.dispatch(ids, [torch.ones(tokens, 512, dtype=torch.bfloat16, device="cuda")])
-    torch.cuda.synchronize()
-    if comm.rank != last:
-        out = torch.full((tokens, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-        partials = torch.ones(comm.size, tokens, 512, dtype=torch.bfloat16, device="cuda")
-        expect_timeout(a2a, comm, last, lambda: a2a.combine(partials, out=out, timeout_s=1.0))
-        # Every token waited for a row that never landed: the sums are dropped (zeros), not read from the poison.
-        assert torch.equal(out.cpu(), torch.zeros(tokens, 512, dtype=torch.bfloat16))
-    a2a.destroy()
+    with pushed_at_every_size():
+        a2a = _pushing(group, comm, torch.bfloat16, 512, None, top_k, tokens)
+        ids = torch.zeros(tokens, top_k, dtype=torch.int64, device="cuda")
+        ids[:, 0] = a2a.num_experts - 1  # every token goes to the last rank (its experts are the last ones)
+        a2a.dispatch(ids, [torch.ones(tokens, 512, dtype=torch.bfloat16, device="cuda")])
+        torch.cuda.synchronize()
+        if comm.rank != last:
+            out = torch.full((tokens, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+            partials = torch.ones(comm.size, tokens, 512, dtype=torch.bfloat16, device="cuda")
+            expect_timeout(a2a, comm, last, lambda: a2a.combine(partials, out=out, timeout_s=1.0))
+            # Every token waited for a row that never landed: the sums are dropped (zeros), not read from the poison.
+            assert torch.equal(out.cpu(), torch.zeros(tokens, 512, dtype=torch.bfloat16))
+        a2a.destroy()

@@ -21,6 +21,7 @@ from flashinfer_a2a.moe_alltoall import MoeAlltoAll
 from .common import bootstrap, combine_partials, expect_timeout, make_inputs, shared_seed
 from .overlap_checks import check_comm_stream  # noqa: F401 (by name)
 from .push_checks import check_pull_without_room, check_push, check_push_missing_rank  # noqa: F401 (by name)
+from .push_checks import pushed_at_every_size
 from .randomized import check_randomized  # noqa: F401 (by name)
 
 
@@ -74,41 +75,46 @@ def check_correctness(group, comm):
 
 def check_quantized(group, comm):
     """Fused quantizing dispatch (each format, both scale layouts) and the FP8-wire combine across processes."""
+    seed = shared_seed(comm)
+    for i, (fmt, swizzled) in enumerate((("fp8_block", False), ("mxfp8", True), ("nvfp4", False), ("nvfp4", True))):
+        with pushed_at_every_size(i < 2):  # the FP8 wire pushed (at these sizes too), then pulled
+            _check_quantized_format(group, comm, seed, i, fmt, swizzled)
+
+
+def _check_quantized_format(group, comm, seed, i, fmt, swizzled):
     from flashinfer_a2a.reference import quant as q
     from flashinfer_a2a.library.wire_formats import wire_format
 
     rank, n = comm.rank, comm.size
-    seed = shared_seed(comm)
     top_k, hidden, num_experts, max_tokens = 8, 7168, 32 * n, 160
-    for i, (fmt, swizzled) in enumerate((("fp8_block", False), ("mxfp8", True), ("nvfp4", False), ("nvfp4", True))):
-        a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=num_experts, hidden_size=hidden,
-                          dispatch_format=fmt, swizzled_scales=swizzled,
-                          combine_format="fp8_block" if i < 2 else None)  # pushed, then pulled
-        tokens = [(53 * r + 29 * i) % (max_tokens + 1) for r in range(n)]
-        ids, _, _ = make_inputs(n, tokens, top_k, hidden, num_experts, seed + i)
-        gen = torch.Generator().manual_seed(seed + 20 + i)  # |x| <= 8: the nvfp4 global scale above
-        xs = [(torch.randn(t, hidden, generator=gen) * 2).clamp(-8, 8).to(torch.bfloat16) for t in tokens]
-        gs = torch.tensor([448.0 * 6.0 / 8.0], device="cuda") if fmt == "nvfp4" else None
-        (values, scales, recv_ids), counts = a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda(), ids[rank].cuda()],
-                                                          max_tokens, quant_format=fmt, global_scale=gs,
-                                                          swizzled_scales=swizzled)
-        want = ref.reference_dispatch(ids, [[x, i] for x, i in zip(xs, ids)], num_experts, max_tokens)
-        torch.cuda.synchronize()
-        fa.check_error(a2a.workspace, rank)
-        assert torch.equal(counts.cpu(), want.recv_counts[rank])
-        cols = wire_format(fmt).scale_cols(hidden)
-        for src in range(n):
-            m = int(want.recv_counts[rank][src])
-            want_values, want_scales = q.quantize(want.recv_payloads[rank][0][src, :m], fmt,
-                                                  448.0 * 6.0 / 8.0 if fmt == "nvfp4" else None)
-            assert torch.equal(values[src, :m].cpu().view(torch.uint8), want_values.view(torch.uint8)), fmt
-            got_scales = (q.unswizzle_scales_128x4(scales[src].cpu(), 256, -(-cols // 4) * 4)[:m, :cols]
-                          if swizzled else scales[src, :m].cpu())
-            assert torch.equal(got_scales.view(torch.uint8), want_scales.view(torch.uint8)), f"{fmt} scales"
-            assert torch.equal(recv_ids[src, :m].cpu(), want.recv_payloads[rank][1][src, :m])
-        combine_partials(a2a, comm, want, max_tokens, hidden, torch.bfloat16, seed + 50 + i, zero_copy=i % 2 == 1,
-                         quant_format="fp8_block")
-        a2a.destroy()
+    a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=num_experts, hidden_size=hidden,
+                      dispatch_format=fmt, swizzled_scales=swizzled,
+                      combine_format="fp8_block" if i < 2 else None)
+    tokens = [(53 * r + 29 * i) % (max_tokens + 1) for r in range(n)]
+    ids, _, _ = make_inputs(n, tokens, top_k, hidden, num_experts, seed + i)
+    gen = torch.Generator().manual_seed(seed + 20 + i)  # |x| <= 8: the nvfp4 global scale above
+    xs = [(torch.randn(t, hidden, generator=gen) * 2).clamp(-8, 8).to(torch.bfloat16) for t in tokens]
+    gs = torch.tensor([448.0 * 6.0 / 8.0], device="cuda") if fmt == "nvfp4" else None
+    (values, scales, recv_ids), counts = a2a.dispatch(ids[rank].cuda(), [xs[rank].cuda(), ids[rank].cuda()],
+                                                      max_tokens, quant_format=fmt, global_scale=gs,
+                                                      swizzled_scales=swizzled)
+    want = ref.reference_dispatch(ids, [[x, i] for x, i in zip(xs, ids)], num_experts, max_tokens)
+    torch.cuda.synchronize()
+    fa.check_error(a2a.workspace, rank)
+    assert torch.equal(counts.cpu(), want.recv_counts[rank])
+    cols = wire_format(fmt).scale_cols(hidden)
+    for src in range(n):
+        m = int(want.recv_counts[rank][src])
+        want_values, want_scales = q.quantize(want.recv_payloads[rank][0][src, :m], fmt,
+                                              448.0 * 6.0 / 8.0 if fmt == "nvfp4" else None)
+        assert torch.equal(values[src, :m].cpu().view(torch.uint8), want_values.view(torch.uint8)), fmt
+        got_scales = (q.unswizzle_scales_128x4(scales[src].cpu(), 256, -(-cols // 4) * 4)[:m, :cols]
+                      if swizzled else scales[src, :m].cpu())
+        assert torch.equal(got_scales.view(torch.uint8), want_scales.view(torch.uint8)), f"{fmt} scales"
+        assert torch.equal(recv_ids[src, :m].cpu(), want.recv_payloads[rank][1][src, :m])
+    combine_partials(a2a, comm, want, max_tokens, hidden, torch.bfloat16, seed + 50 + i, zero_copy=i % 2 == 1,
+                     quant_format="fp8_block")
+    a2a.destroy()
 
 
 def _layer(a2a, ids, x):
