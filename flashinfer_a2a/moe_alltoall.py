@@ -45,8 +45,9 @@ class MoeAlltoAll:
         swizzled_scales: size for scales received in the 128x4-tile layout (its padding to 128 rows).
         combine_format: ``"fp8_block"`` sizes the combine region for the pushed FP8-wire combine (see
             :func:`flashinfer_a2a.library.wire_formats.push_combine_bytes_per_token`): with every rank on a GPU of its
-            own, ``combine(quant_format="fp8_block")`` then lands the FP8 rows in their owners' workspaces while the
-            owners sum the rows already there, instead of quantizing first and pulling after.
+            own, ``combine(quant_format="fp8_block")`` of 4096 tokens per rank or more then lands the FP8 rows in
+            their owners' workspaces while the owners sum the rows already there, instead of quantizing first and
+            pulling after (which is the faster below; see :meth:`combine_mode`).
         push_combine: size the combine region for the pushed combine of plain ``dtype`` partials too (twice the
             combine bytes per token): with every rank on a GPU of its own, :meth:`combine` then stores each partial
             into its owner's workspace and the owner sums the rows as they land (stores cross NVLink faster than

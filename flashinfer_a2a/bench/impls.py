@@ -4,11 +4,12 @@
   ``--hidden-only``, the top-k ids and weights); combine is the zero-copy one (the expert outputs already sit in the
   combine input), pulled.
 - ``a2a-push`` (every rank on a GPU of its own): the same with a workspace sized with ``push_combine=True``, so the
-  combine is pushed.
+  combine is pushed from 4096 tokens per rank.
 - ``<format>-fused`` (``--quant``): dispatch quantizes the bf16|fp16 hidden states into the format while sending
-  them; combine sends the partials over the FP8 wire, pushed where every rank has a GPU of its own (the workspace
-  is sized with ``combine_format="fp8_block"``), pulled between simulated ranks; from a partials tensor (a pulled
-  zero-copy input would be quantized in place, so a replayed loop would quantize its own output).
+  them; combine sends the partials over the FP8 wire, pushed from 4096 tokens per rank where every rank has a GPU
+  of its own (the workspace is sized with ``combine_format="fp8_block"``), pulled below and between simulated
+  ranks; from a partials tensor (a pulled zero-copy input would be quantized in place, so a replayed loop would
+  quantize its own output).
 - ``<format>-pre``: dispatch of the same hidden states pre-quantized (values and scales as two payloads, quantized
   once outside the timing); the bf16 zero-copy combine.
 - ``nccl_a2a``: NCCL ``all_to_all_single``. Dispatch packs each (token, destination) row in destination order
