@@ -227,14 +227,21 @@ class NcclTransport:
         hidden = payloads[0].shape[-1] if fmt is not None else 0
         wire = dispatch_wire(self.ep_size, runtime_max, [row_width(p) for p in payloads], fmt, hidden,
                              swizzled_scales)
-        send = self._pack(topk_ids, payloads, wire, fmt, global_scale, swizzled_scales)
+        # Packed straight into this rank's block of the padded mode's gathered buffer, the all-gather runs in place
+        # (no copy of this rank's rows into its own block).
+        gathered = None
+        if not self.exact and self._kernels and not traced.tracing():
+            gathered = self._buffer("gathered", (self.ep_size, wire.total_bytes), torch.uint8)
+        send = self._pack(topk_ids, payloads, wire, fmt, global_scale, swizzled_scales,
+                          None if gathered is None else gathered[self.ep_rank])
         recv_like = self._recv_like(payloads, fmt, hidden, swizzled_scales, runtime_max)
         swizzled = 1 if swizzled_scales else None
         if self.exact:
             recv, splits = self._dispatch_exact(send, wire, topk_ids.shape[0], recv_like, swizzled)
             counts = self.recv_counts
         else:
-            (recv, counts), splits = self._dispatch_padded(send, wire, recv_like, fmt, hidden, swizzled_scales), None
+            (recv, counts), splits = self._dispatch_padded(send, gathered, wire, recv_like, fmt, hidden,
+                                                           swizzled_scales), None
         self._pending = Pending(send, wire, topk_ids.shape[0], counts, splits)
         if not traced.tracing():  # only debug mode reads it, eagerly; a traced int would be guarded on
             self._calls += 1
@@ -281,14 +288,15 @@ class NcclTransport:
         return self.device.type == "cuda"
 
     def _pack(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], wire: NcclWire,
-              fmt: Optional[WireFormat], global_scale, swizzled: bool) -> torch.Tensor:
-        """This rank's send buffer (library/nccl_wire.py)."""
+              fmt: Optional[WireFormat], global_scale, swizzled: bool,
+              into: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """This rank's send buffer (library/nccl_wire.py): ``into`` when given (GPU only), else one kept."""
         if fmt is not None and fmt.name == "nvfp4" and not isinstance(global_scale, torch.Tensor):
             # Filled on the device: no host-to-device copy enters a CUDA graph.
             global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=self.device)
         if not self._kernels:
             return local.pack(topk_ids, payloads, wire, self.num_experts, fmt, global_scale, swizzled)
-        send = self._buffer("send", (wire.total_bytes,), torch.uint8)
+        send = into if into is not None else self._buffer("send", (wire.total_bytes,), torch.uint8)
         gs = None if global_scale is None else global_scale.reshape(1).float()
         ops.nccl_pack(send, topk_ids, list(payloads), self.ep_size, wire.runtime_max, self.num_experts,
                       0 if fmt is None else fmt.code, gs, swizzled)
@@ -306,12 +314,14 @@ class NcclTransport:
             like[:1] = [(fmt.value_dtype, (*block, fmt.value_bytes(hidden))), (fmt.scale_dtype, scales)]
         return like
 
-    def _dispatch_padded(self, send: torch.Tensor, wire: NcclWire, recv_like, fmt: Optional[WireFormat], hidden: int,
-                         swizzled: bool):
+    def _dispatch_padded(self, send: torch.Tensor, gathered: Optional[torch.Tensor], wire: NcclWire, recv_like,
+                         fmt: Optional[WireFormat], hidden: int, swizzled: bool):
+        """``gathered``: the buffer ``send`` is this rank's block of (GPU, eagerly or captured), else None."""
         if traced.tracing():
             gathered = traced.all_gather(send, self.group).view(self.ep_size, wire.total_bytes)
         else:
-            gathered = self._buffer("gathered", (self.ep_size, wire.total_bytes), torch.uint8)
+            if gathered is None:
+                gathered = self._buffer("gathered", (self.ep_size, wire.total_bytes), torch.uint8)
             self._all_gather(gathered.view(-1), send, group=self.group)
         if not self._kernels:
             recv, counts = local.select(gathered, wire, self.ep_rank, recv_like, 1 if swizzled else None)
@@ -438,7 +448,7 @@ class NcclTransport:
             return traced.all_to_all(wire, self.group)
         returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8)
         if pending.exact_splits is None:
-            self._dist.all_to_all_single(returned, wire, group=self.group)
+            self._exchange_blocks(returned, wire, rm)
             return returned
         send_splits, recv_splits = pending.exact_splits  # dispatch's, now reversed
         rows = self._exact_rows(recv_splits, rm)
@@ -446,6 +456,22 @@ class NcclTransport:
         self._dist.all_to_all_single(back, wire.index_select(0, rows), send_splits, recv_splits, group=self.group)
         returned.index_copy_(0, self._exact_rows(send_splits, rm), back)
         return returned
+
+    def _exchange_blocks(self, returned: torch.Tensor, wire: torch.Tensor, rm: int) -> None:
+        """Block d of ``wire`` to rank d, block d of ``returned`` from it. On GPUs one group of sends and receives
+        that leaves this rank's own block out (the sum takes this rank's rows from its partials), where
+        ``all_to_all_single`` would copy it too."""
+        if not self._kernels:
+            self._dist.all_to_all_single(returned, wire, group=self.group)
+            return
+        dist, p2p = self._dist, []
+        for d in range(self.ep_size):
+            if d != self.ep_rank:
+                peer = dist.get_global_rank(self.group, d)
+                p2p += [dist.P2POp(dist.isend, wire[d * rm:(d + 1) * rm], peer, self.group),
+                        dist.P2POp(dist.irecv, returned[d * rm:(d + 1) * rm], peer, self.group)]
+        for work in dist.batch_isend_irecv(p2p) if p2p else ():
+            work.wait()
 
     def _sum(self, out: torch.Tensor, returned: torch.Tensor, partials: torch.Tensor, pending: Pending,
              fp8_wire: bool) -> None:
