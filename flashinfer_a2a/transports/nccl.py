@@ -448,7 +448,7 @@ class NcclTransport:
             return traced.all_to_all(wire, self.group)
         returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8)
         if pending.exact_splits is None:
-            self._exchange_blocks(returned, wire, rm)
+            self._dist.all_to_all_single(returned, wire, group=self.group)
             return returned
         send_splits, recv_splits = pending.exact_splits  # dispatch's, now reversed
         rows = self._exact_rows(recv_splits, rm)
@@ -456,22 +456,6 @@ class NcclTransport:
         self._dist.all_to_all_single(back, wire.index_select(0, rows), send_splits, recv_splits, group=self.group)
         returned.index_copy_(0, self._exact_rows(send_splits, rm), back)
         return returned
-
-    def _exchange_blocks(self, returned: torch.Tensor, wire: torch.Tensor, rm: int) -> None:
-        """Block d of ``wire`` to rank d, block d of ``returned`` from it. On GPUs one group of sends and receives
-        that leaves this rank's own block out (the sum takes this rank's rows from its partials), where
-        ``all_to_all_single`` would copy it too."""
-        if not self._kernels:
-            self._dist.all_to_all_single(returned, wire, group=self.group)
-            return
-        dist, p2p = self._dist, []
-        for d in range(self.ep_size):
-            if d != self.ep_rank:
-                peer = dist.get_global_rank(self.group, d)
-                p2p += [dist.P2POp(dist.isend, wire[d * rm:(d + 1) * rm], peer, self.group),
-                        dist.P2POp(dist.irecv, returned[d * rm:(d + 1) * rm], peer, self.group)]
-        for work in dist.batch_isend_irecv(p2p) if p2p else ():
-            work.wait()
 
     def _sum(self, out: torch.Tensor, returned: torch.Tensor, partials: torch.Tensor, pending: Pending,
              fp8_wire: bool) -> None:
