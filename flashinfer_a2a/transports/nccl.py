@@ -11,8 +11,9 @@ Two modes:
   the collectives are the functional ones and every result a fresh tensor,
   :mod:`flashinfer_a2a.transports.nccl_traced`). Dispatch: one kernel (``nccl_pack``) writes this rank's send
   buffer (:mod:`flashinfer_a2a.library.nccl_wire`): each token's destination bitmask, ``payloads[0]`` quantized
-  into its wire format by the NVLink fused dispatch's device code (the same bytes), the other payloads' rows; one
-  ``all_gather_into_tensor`` (``all_gather_single`` in torch 2.13); then one kernel (``nccl_select``) keeps, per
+  into its wire format by the NVLink fused dispatch's device code (the same bytes), the other payloads' rows, into
+  this rank's block of the gathered buffer; one ``all_gather_into_tensor`` in place (``all_gather_single`` in torch
+  2.13); then one kernel (``nccl_select``) keeps, per
   source block, the rows whose bitmask names this rank, in increasing token order, and writes ``recv_counts``.
   Combine: one ``all_to_all_single`` of the ``[ep_size, runtime_max, hidden]`` combine region (with
   ``quant_format="fp8_block"`` first quantized by a kernel, ``nccl_combine_wire``, to FP8 with an fp32 scale per
