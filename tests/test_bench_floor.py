@@ -34,10 +34,16 @@ def test_pair_floor_is_two_handshakes_plus_the_bytes_at_the_best_rates(tmp_path)
 
 def test_floor_refuses_a_file_of_other_gpus_or_fields(tmp_path):
     link = floor.load(_probe_json(tmp_path))
-    with pytest.raises(floor.FloorError, match="measured on 2 GPUs; this run has 4 ranks"):
+    with pytest.raises(floor.FloorError, match=r"no figures for 4 ranks \(it was measured on 2 GPUs\)"):
         floor.pair_floor_us(link, 4, 1.0, 1.0)
     with pytest.raises(floor.FloorError, match="2 or more ranks"):
         floor.pair_floor_us(link, 1, 1.0, 1.0)
+    floor.check_ranks(link, 2)  # what the bench checks once its ranks are known, before any case
+    with pytest.raises(floor.FloorError, match="no figures for 3 ranks"):
+        floor.check_ranks(link, 3)
+    no_loads = floor.load(_probe_json(tmp_path, load={"2": {"1000": 50.0}}))
+    with pytest.raises(floor.FloorError, match="no figures for 2 ranks"):
+        floor.check_ranks(no_loads, 2)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"store": {}}))
     with pytest.raises(floor.FloorError, match="has no 'load'"):

@@ -31,15 +31,20 @@ def load(path: Optional[str]) -> Optional[dict[str, Any]]:
     return floor
 
 
+def check_ranks(floor: dict[str, Any], ep_size: int) -> None:
+    """Raises FloorError unless the file has the figures of a step on ``ep_size`` ranks."""
+    if ep_size < 2:
+        raise FloorError("a floor needs 2 or more ranks")
+    peers = str(ep_size - 1)
+    if peers not in floor["store"] or peers not in floor["load"] or str(ep_size) not in floor["handshake_us"]:
+        raise FloorError(f"the floor file has no figures for {ep_size} ranks (it was measured on {floor.get('gpus')} "
+                         "GPUs): measure this run's GPUs with docs/measurements/link_floor.py --json")
 
 
 def pair_floor_us(floor: dict[str, Any], ep_size: int, dispatch_bytes: float, combine_bytes: float) -> float:
     """Microseconds a pair moving these remote bytes per rank cannot go under on ``ep_size`` ranks."""
+    check_ranks(floor, ep_size)
     peers = str(ep_size - 1)
-    if ep_size < 2:
-        raise FloorError("a floor needs 2 or more ranks")
-    if peers not in floor["store"] or str(ep_size) not in floor["handshake_us"]:
-        raise FloorError(f"the floor file was measured on {floor.get('gpus')} GPUs; this run has {ep_size} ranks")
     moved = sum(num_bytes / max(floor[kind][peers].values())
                 for kind, num_bytes in (("store", dispatch_bytes), ("load", combine_bytes)))
     return 2 * floor["handshake_us"][str(ep_size)] + moved

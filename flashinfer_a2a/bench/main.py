@@ -151,6 +151,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(NO_GPU_MESSAGE, file=sys.stderr)
         return 1
     session = start(args.sim_ranks)
+    if link_floor is not None and session.ep_size > 1:
+        floor.check_ranks(link_floor, session.ep_size)  # before the library loads and any case runs
     progress = (lambda text: None) if args.quiet or not session.is_root else (
         lambda text: print(text, file=sys.stderr, flush=True))
     # Loaded before the first case, with a word first: a first run compiles the library here (minutes; the JIT
