@@ -1,10 +1,13 @@
 """The bench's floor of a step (flashinfer_a2a.bench.floor) from what docs/measurements/link_floor.py writes, and
 the probe's kernels compiling for the architectures it runs on."""
 
+import importlib.util
 import json
 import pathlib
 import shutil
 import subprocess
+import sys
+import types
 
 import pytest
 
@@ -65,3 +68,25 @@ def test_probe_kernels_compile(tmp_path):
         result = subprocess.run(["nvcc", "-std=c++17", f"-arch={arch}", "-cubin", "-o", str(tmp_path / "probe.cubin"),
                                  str(tmp_path / "probe.cu")], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("launcher_size", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_probe_refuses_to_run_as_one_of_several_ranks(launcher_size, monkeypatch, capsys):
+    """Launched by torchrun or mpirun, every rank would run the whole probe over every GPU at once: it says so and
+    measures nothing (cupy, absent here, is stood in for by a module whose use would fail)."""
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=object))
+    spec = importlib.util.spec_from_file_location("link_floor_under_test", PROBE)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    monkeypatch.setattr(probe, "measure", lambda *args: pytest.fail("measured under a launcher"))
+    for name in probe.LAUNCHER_SIZES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(launcher_size, "4")
+    assert probe.main([]) == 2
+    assert f"{launcher_size}=4" in capsys.readouterr().err
+    monkeypatch.setenv(launcher_size, "1")  # one rank of one: the probe runs
+    measured = []
+    monkeypatch.setattr(probe, "measure", lambda sizes, blocks: measured.append((sizes, blocks)) or {})
+    monkeypatch.setattr(probe, "describe", lambda result: "described")
+    assert probe.main(["--sizes", "4096"]) == 0
+    assert measured == [([4096], 2)]

@@ -23,6 +23,7 @@ alone, runs below the link's rate (its launch and first round trip are in its ti
 
 import argparse
 import json
+import os
 import sys
 
 import cupy as cp
@@ -88,6 +89,8 @@ extern "C" __global__ void handshake(const unsigned long long* flags, int me, in
 # Remote bytes per peer of a DeepSeek-V3 step (hidden 7168 bf16 + int32 ids + fp32 weights, top-8 of 256) at 128,
 # 1024 and 8192 tokens per rank on 2 GPUs, rounded to 16 bytes.
 DEFAULT_SIZES = (1_843_200, 14_745_600, 117_964_800)
+# What torchrun, Open MPI and PMI launchers set to the number of ranks.
+LAUNCHER_SIZES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 def _ptrs(arrays) -> cp.ndarray:
@@ -246,6 +249,12 @@ def main(argv=None) -> int:
     parser.add_argument("--blocks-per-sm", type=int, default=2, help="blocks of 512 threads per multiprocessor")
     parser.add_argument("--json", help="write the figures here (the bench's --floor reads it)")
     args = parser.parse_args(argv)
+    launched = [name for name in LAUNCHER_SIZES if int(os.environ.get(name, "1")) > 1]
+    if launched:
+        print(f"link_floor.py drives every visible GPU from one process; it was launched as one of several ranks "
+              f"({launched[0]}={os.environ[launched[0]]}), whose copies would measure each other's traffic: run "
+              f"it with python, not torchrun or mpirun", file=sys.stderr)
+        return 2
     result = measure(args.sizes, args.blocks_per_sm)
     print(describe(result))
     if args.json:
