@@ -105,14 +105,9 @@ def stamped_copy(dest: pathlib.Path) -> None:
     for part in ("flashinfer_a2a", "include", "csrc"):
         shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
     headers = dest / "include" / "flashinfer_a2a"
-    for name, anchor, before, after in EDITS:
-        path = headers / name
-        text = path.read_text()
-        if text.count(anchor) != 1:
-            raise SystemExit(f"{name}: the anchor {anchor.strip()[:60]!r} occurs {text.count(anchor)} times; "
-                             "the kernels changed since this script was written")
-        path.write_text(text.replace(anchor, before + anchor + after))
-    for name, text, replacement in REPLACE:
+    # An edit is a replacement of its anchor by the anchor with the stamps around it.
+    edits = [(name, anchor, before + anchor + after) for name, anchor, before, after in EDITS] + REPLACE
+    for name, text, replacement in edits:
         path = headers / name
         source = path.read_text()
         if source.count(text) != 1:

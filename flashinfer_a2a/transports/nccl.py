@@ -228,10 +228,10 @@ class NcclTransport:
         hidden = payloads[0].shape[-1] if fmt is not None else 0
         wire = dispatch_wire(self.ep_size, runtime_max, [row_width(p) for p in payloads], fmt, hidden,
                              swizzled_scales)
-        # Packed straight into this rank's block of the padded mode's gathered buffer, the all-gather runs in place
-        # (no copy of this rank's rows into its own block).
+        # Packed straight into this rank's block of the padded mode's gathered buffer (on GPUs), the all-gather runs
+        # in place (no copy of this rank's rows into its own block).
         gathered = None
-        if not self.exact and self._kernels and not traced.tracing():
+        if not self.exact and not traced.tracing():
             gathered = self._buffer("gathered", (self.ep_size, wire.total_bytes), torch.uint8)
         send = self._pack(topk_ids, payloads, wire, fmt, global_scale, swizzled_scales,
                           None if gathered is None else gathered[self.ep_rank])
@@ -291,7 +291,8 @@ class NcclTransport:
     def _pack(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], wire: NcclWire,
               fmt: Optional[WireFormat], global_scale, swizzled: bool,
               into: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """This rank's send buffer (library/nccl_wire.py): ``into`` when given (GPU only), else one kept."""
+        """This rank's send buffer (library/nccl_wire.py): on GPUs ``into`` when given, else one kept; on the CPU a
+        fresh tensor."""
         if fmt is not None and fmt.name == "nvfp4" and not isinstance(global_scale, torch.Tensor):
             # Filled on the device: no host-to-device copy enters a CUDA graph.
             global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=self.device)
@@ -317,12 +318,10 @@ class NcclTransport:
 
     def _dispatch_padded(self, send: torch.Tensor, gathered: Optional[torch.Tensor], wire: NcclWire, recv_like,
                          fmt: Optional[WireFormat], hidden: int, swizzled: bool):
-        """``gathered``: the buffer ``send`` is this rank's block of (GPU, eagerly or captured), else None."""
+        """``gathered``: the kept buffer the all-gather fills (None while tracing); on GPUs ``send`` is its block."""
         if traced.tracing():
             gathered = traced.all_gather(send, self.group).view(self.ep_size, wire.total_bytes)
         else:
-            if gathered is None:
-                gathered = self._buffer("gathered", (self.ep_size, wire.total_bytes), torch.uint8)
             self._all_gather(gathered.view(-1), send, group=self.group)
         if not self._kernels:
             recv, counts = local.select(gathered, wire, self.ep_rank, recv_like, 1 if swizzled else None)
