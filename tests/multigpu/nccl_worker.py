@@ -4,6 +4,7 @@ check; a failure raises."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from flashinfer_a2a import MoeAlltoAll
+from flashinfer_a2a.transports import nccl as nccl_transport
 
 from ..nccl_compile_workers import _unswizzle, check_compiled
 from ..nccl_workers import HIDDEN, NUM_EXPERTS, TOP_K, check_errors, check_transport, poison, rank_inputs
@@ -110,6 +112,25 @@ def compare_graphs(rank: int, ep_size: int, group) -> None:
             assert torch.equal(out1.view(torch.uint8), out2.view(torch.uint8)), f"{where}: combine differs"
 
 
+@contextlib.contextmanager
+def peers_exchanged_at_every_size():
+    """The padded combine exchanges its blocks with the peers only (a group of sends and receives) at every
+    runtime_max, as from PEER_EXCHANGE_MIN_TOKENS on; the threshold is restored after."""
+    saved = nccl_transport.PEER_EXCHANGE_MIN_TOKENS
+    nccl_transport.PEER_EXCHANGE_MIN_TOKENS = 0
+    try:
+        yield
+    finally:
+        nccl_transport.PEER_EXCHANGE_MIN_TOKENS = saved
+
+
+def compare_with_peer_exchange(rank: int, ep_size: int, group) -> None:
+    """The transports compared, eagerly and replayed from graphs, with the nccl combine's peer exchange."""
+    with peers_exchanged_at_every_size():
+        compare_transports(rank, ep_size, group)
+        compare_graphs(rank, ep_size, group)
+
+
 def main(names: list[str]) -> None:
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -121,6 +142,7 @@ def main(names: list[str]) -> None:
         "errors": lambda: check_errors(rank, ep_size, "cuda"),
         "nvlink_equal": lambda: compare_transports(rank, ep_size, dist.group.WORLD),
         "graph_equal": lambda: compare_graphs(rank, ep_size, dist.group.WORLD),
+        "peer_exchange": lambda: compare_with_peer_exchange(rank, ep_size, dist.group.WORLD),
         # The padded mode traced whole over NCCL's functional collectives; the kernels are ops, so inductor
         # compiles no quantizer: every case under both backends.
         "compiled": lambda: [check_compiled(rank, ep_size, "cuda", backend) for backend in ("aot_eager", "inductor")],

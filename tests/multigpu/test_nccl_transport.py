@@ -13,7 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-CHECKS = ["padded", "exact", "errors", "nvlink_equal", "graph_equal", "compiled", "randomized"]
+CHECKS = ["padded", "exact", "errors", "nvlink_equal", "graph_equal", "peer_exchange", "compiled", "randomized"]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
