@@ -71,6 +71,16 @@ inline cudaError_t LaunchAfterPrior(void (*kernel)(Params...), int blocks, int t
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
+// Blocks of `threads` threads of `kernel` that one multiprocessor holds at once (at least 1): a grid-stride kernel
+// of this many blocks per multiprocessor runs as one wave, where a fixed 4 per multiprocessor ran 1.33 waves of a
+// kernel of which 3 fit (its last blocks alone, the SMs a third busy).
+template <typename Kernel>
+inline int ResidentBlocksPerSm(Kernel kernel, int threads) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess) blocks = 0;
+  return blocks > 1 ? blocks : 1;
+}
+
 // The lanes of this warp below the calling one, as a ballot's bits.
 __device__ __forceinline__ uint32_t LaneMaskLt() {
   uint32_t mask;
