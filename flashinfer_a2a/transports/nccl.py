@@ -13,8 +13,9 @@ Two modes:
   buffer (:mod:`flashinfer_a2a.library.nccl_wire`): each token's destination bitmask, ``payloads[0]`` quantized
   into its wire format by the NVLink fused dispatch's device code (the same bytes), the other payloads' rows, into
   this rank's block of the gathered buffer; one ``all_gather_into_tensor`` in place (``all_gather_single`` in torch
-  2.13); then one kernel (``nccl_select``) keeps, per
-  source block, the rows whose bitmask names this rank, in increasing token order, and writes ``recv_counts``.
+  2.13; from ``PEER_EXCHANGE_MIN_TOKENS`` per rank one group of sends and receives with the peers instead); then
+  one kernel (``nccl_select``) keeps, per source block, the rows whose bitmask names this rank, in increasing token
+  order, and writes ``recv_counts``.
   Combine: one ``all_to_all_single`` of the ``[ep_size, runtime_max, hidden]`` combine region (from
   ``PEER_EXCHANGE_MIN_TOKENS`` per rank one group of sends and receives to the peers instead, without the rank's
   own block, which the sum reads from its partials; with
@@ -66,11 +67,12 @@ from .nccl_torch import rank_mask, row_width  # noqa: F401 (rank_mask: documente
 TRANSPORTS = ("auto", "nvlink", "nccl")
 MAX_TOP_K = 32
 MAX_PAYLOADS = 8
-# From this runtime_max on, the padded combine sends its blocks to the peers as one group of sends and receives, which
-# leaves this rank's own block out (all_to_all_single copies it too). Combine of the slowest rank, graph mode, the
-# group against all_to_all_single in one session: 4xH100 8192 tokens per rank bf16 1344 against 1396 us, FP8 wire
-# 934 against 955; 2xH100 bf16 635 against 653, FP8 wire 440 against 443. Below it costs more to start: 1024 tokens
-# 3-7 us more, 128 tokens 4-5 us more.
+# From this runtime_max on, the padded mode moves its blocks with one group of sends and receives to the peers, which
+# leaves this rank's own block out, where all_gather_into_tensor and all_to_all_single run NCCL's collectives (the
+# all-to-all copies the own block too). Slowest rank, graph mode, the group against the collective in one session,
+# 8192 tokens per rank: dispatch 2xH100 bf16 682 against 723 us, NVFP4 263 against 270, 4xH100 1471 against 1504 and 499
+# against 503; combine 4xH100 bf16 1344 against 1396, FP8 wire 934 against 955, 2xH100 635 against 653 and 440
+# against 443. At 1024 tokens the groups were 2-7 us slower, at 128 4-5 us: they take longer to start.
 PEER_EXCHANGE_MIN_TOKENS = 4096
 _ID_DTYPES = (torch.int32, torch.int64)
 _COMBINE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -329,6 +331,8 @@ class NcclTransport:
         """``gathered``: the kept buffer the all-gather fills (None while tracing); on GPUs ``send`` is its block."""
         if traced.tracing():
             gathered = traced.all_gather(send, self.group).view(self.ep_size, wire.total_bytes)
+        elif self._kernels and wire.runtime_max >= PEER_EXCHANGE_MIN_TOKENS:
+            self._exchange_with_peers([(d, send, gathered[d]) for d in range(self.ep_size)])
         else:
             self._all_gather(gathered.view(-1), send, group=self.group)
         if not self._kernels:
@@ -457,7 +461,8 @@ class NcclTransport:
         returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8)
         if pending.exact_splits is None:
             if self._kernels and rm >= PEER_EXCHANGE_MIN_TOKENS:
-                self._exchange_with_peers(returned, wire, rm)
+                blocks = [slice(d * rm, (d + 1) * rm) for d in range(ep_size)]
+                self._exchange_with_peers([(d, wire[b], returned[b]) for d, b in enumerate(blocks)])
             else:
                 self._dist.all_to_all_single(returned, wire, group=self.group)
             return returned
@@ -468,16 +473,15 @@ class NcclTransport:
         returned.index_copy_(0, self._exact_rows(send_splits, rm), back)
         return returned
 
-    def _exchange_with_peers(self, returned: torch.Tensor, wire: torch.Tensor, rm: int) -> None:
-        """Block d of ``wire`` to rank d and block d of ``returned`` from it, for every peer d: one group of sends and
-        receives that leaves this rank's own block out (the sum reads this rank's rows from its partials), where
-        ``all_to_all_single`` copies it too."""
+    def _exchange_with_peers(self, blocks: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """``(d, sent, received)`` per rank d: ``sent`` to rank d and ``received`` from it, as one group of sends and
+        receives that leaves this rank's own entry out."""
         dist, p2p = self._dist, []
-        for d in range(self.ep_size):
+        for d, sent, received in blocks:
             if d != self.ep_rank:
                 peer = dist.get_global_rank(self.group, d)
-                p2p += [dist.P2POp(dist.isend, wire[d * rm:(d + 1) * rm], peer, self.group),
-                        dist.P2POp(dist.irecv, returned[d * rm:(d + 1) * rm], peer, self.group)]
+                p2p += [dist.P2POp(dist.isend, sent, peer, self.group),
+                        dist.P2POp(dist.irecv, received, peer, self.group)]
         for work in dist.batch_isend_irecv(p2p) if p2p else ():
             work.wait()
 

@@ -114,8 +114,8 @@ def compare_graphs(rank: int, ep_size: int, group) -> None:
 
 @contextlib.contextmanager
 def peers_exchanged_at_every_size():
-    """The padded combine exchanges its blocks with the peers only (a group of sends and receives) at every
-    runtime_max, as from PEER_EXCHANGE_MIN_TOKENS on; the threshold is restored after."""
+    """The padded dispatch gathers and the combine exchanges their blocks with the peers only (groups of sends and
+    receives) at every runtime_max, as from PEER_EXCHANGE_MIN_TOKENS on; the threshold is restored after."""
     saved = nccl_transport.PEER_EXCHANGE_MIN_TOKENS
     nccl_transport.PEER_EXCHANGE_MIN_TOKENS = 0
     try:
