@@ -125,7 +125,8 @@ def peers_exchanged_at_every_size():
 
 
 def compare_with_peer_exchange(rank: int, ep_size: int, group) -> None:
-    """The transports compared, eagerly and replayed from graphs, with the nccl combine's peer exchange."""
+    """The transports compared, eagerly and replayed from graphs, with the nccl transport gathering and exchanging
+    its blocks with the peers."""
     with peers_exchanged_at_every_size():
         compare_transports(rank, ep_size, group)
         compare_graphs(rank, ep_size, group)
