@@ -4,9 +4,9 @@ check; a failure raises."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -112,22 +112,10 @@ def compare_graphs(rank: int, ep_size: int, group) -> None:
             assert torch.equal(out1.view(torch.uint8), out2.view(torch.uint8)), f"{where}: combine differs"
 
 
-@contextlib.contextmanager
-def peers_exchanged_at_every_size():
-    """The padded dispatch gathers and the combine exchanges their blocks with the peers only (groups of sends and
-    receives) at every runtime_max, as from PEER_EXCHANGE_MIN_TOKENS on; the threshold is restored after."""
-    saved = nccl_transport.PEER_EXCHANGE_MIN_TOKENS
-    nccl_transport.PEER_EXCHANGE_MIN_TOKENS = 0
-    try:
-        yield
-    finally:
-        nccl_transport.PEER_EXCHANGE_MIN_TOKENS = saved
-
-
 def compare_with_peer_exchange(rank: int, ep_size: int, group) -> None:
     """The transports compared, eagerly and replayed from graphs, with the nccl transport gathering and exchanging
-    its blocks with the peers."""
-    with peers_exchanged_at_every_size():
+    its blocks with the peers at every runtime_max (as from PEER_EXCHANGE_MIN_TOKENS on)."""
+    with mock.patch.object(nccl_transport, "PEER_EXCHANGE_MIN_TOKENS", 0):
         compare_transports(rank, ep_size, group)
         compare_graphs(rank, ep_size, group)
 
