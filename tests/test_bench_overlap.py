@@ -134,3 +134,13 @@ def test_overlap_table():
                                 "|", "1.07", "0.94", "-"]
     assert lines[6].split()[3] == "dense" and lines[6].split()[-3:] == ["1.15", "0.66", "-"]
     assert lines[7].split()[2] == "16" and lines[7].split()[-1] == "1.10"
+
+
+def test_gemm_carveout_is_opt_in(capsys):
+    parse_args = bench_args.parse_args
+    assert not parse_args(["--overlap", "--num-sms", "16"]).gemm_carveout
+    assert parse_args(["--overlap", "--num-sms", "16", "--gemm-carveout"]).gemm_carveout
+    for argv in (["--overlap", "--gemm-carveout"], ["--num-sms", "16", "--gemm-carveout"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert "--gemm-carveout goes with --overlap and --num-sms" in capsys.readouterr().err

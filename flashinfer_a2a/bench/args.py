@@ -55,6 +55,7 @@ class BenchArgs:
     transport: str = "nvlink"
     num_sms: tuple[int, ...] = ()  # SM budgets timed besides the whole GPU (rows a2a-sm<N>)
     overlap: bool = False  # time the dual-batch overlap study (flashinfer_a2a.bench.overlap) instead
+    gemm_carveout: bool = False  # --overlap: under a budget, the interleaved GEMMs leave its multiprocessors free
     pair_group: int = GRAPH_PAIR_GROUP  # graph mode: iterations per timed sample of the pair (bench.timing)
     floor: Optional[str] = None  # link_floor.py's JSON: rows of this package as multiples of the floor (bench.floor)
     node_size: Optional[int] = None  # --transport hierarchical: ranks per node
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "expert stage (DeepSeek-V3 grouped GEMMs on the received tokens) and a dense GEMM stage; "
                              "reports the a2a alone, the stage alone, serial and interleaved with the split halves on "
                              "a communication stream (docs/overlap.md)")
+    parser.add_argument("--gemm-carveout", action="store_true",
+                        help="--overlap: under an SM budget, limit the interleaved loop's GEMMs to the other "
+                             "multiprocessors (torch's experimental SM carve-out); by default they may take every one")
     return parser
 
 
@@ -166,6 +170,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         parser.error(f"--sim-ranks must be at most {MAX_EP_SIZE}, got {ns.sim_ranks}")
     if ns.skew < 0:
         parser.error(f"--skew must be >= 0, got {ns.skew}")
+    if ns.gemm_carveout and not (ns.overlap and ns.num_sms):
+        parser.error("--gemm-carveout goes with --overlap and --num-sms (it leaves the budget's multiprocessors free)")
     if (ns.transport == "hierarchical") != (ns.node_size is not None):
         parser.error("--node-size goes with --transport hierarchical, and it needs one")
     return BenchArgs(
@@ -189,6 +195,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchArgs:
         transport=ns.transport,
         num_sms=_flatten(ns.num_sms, ()),
         overlap=ns.overlap,
+        gemm_carveout=ns.gemm_carveout,
         floor=ns.floor,
         node_size=ns.node_size,
     )

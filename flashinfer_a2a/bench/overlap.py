@@ -13,8 +13,8 @@ slowest rank, median over samples):
 
 ``interleaved`` is reported against ``max(a2a, compute)`` (1.0: the shorter part hidden entirely) and against the
 sum (1.0: nothing hidden). With ``--num-sms`` each budget is timed too: the all-to-all's kernels get that many
-multiprocessors, the interleaved loop's GEMMs the others (torch's experimental SM carve-out, where this torch has
-it), and the a2a alone is also reported against the whole GPU's (``a2a/whole``). On simulated ranks every rank's
+multiprocessors (the GEMMs may take any, or with ``--gemm-carveout`` only the others: torch's experimental SM
+carve-out, where this torch has it), and the a2a alone is also reported against the whole GPU's (``a2a/whole``). On simulated ranks every rank's
 kernels and stages share one GPU; across processes each rank has its own.
 """
 
@@ -272,7 +272,8 @@ class _Case:
                     if loop == "a2a" and mode in a2a:
                         times[loop] = a2a[mode]
                         continue
-                    with gemm_carveout(num_sms if loop == "interleaved" else 0) as carved:
+                    carve = num_sms if loop == "interleaved" and args.gemm_carveout else 0
+                    with gemm_carveout(carve) as carved:
                         times[loop] = self._time(steps[loop], mode)
                     if loop == "interleaved":
                         record["gemm_carveout"] = carved
