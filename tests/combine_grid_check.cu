@@ -1,6 +1,7 @@
-// Host-only check of the one-kernel combine's grid (FusedCombineFor in combine.cuh) over many shapes: whenever it
-// picks one kernel, the grid is safe and covers the pull; whenever it declines, no safe grid could have. Run by
-// tests/test_combine_grid.py; prints "<cases> cases, <violations> violations" and the first few violations.
+// Host-only check of the one-kernel combines' grids (FusedCombineFor, FusedFp8CombineFor in combine.cuh) over many
+// shapes: whenever a rule picks one kernel, the grid is safe and covers the pull; whenever it declines, no safe grid
+// could have. Run by tests/test_combine_grid.py; prints "<cases> cases, <violations> violations" and the first few
+// violations.
 #include <algorithm>
 #include <cstdio>
 
@@ -9,6 +10,7 @@
 namespace {
 
 using flashinfer_a2a::FusedCombineFor;
+using flashinfer_a2a::FusedFp8CombineFor;
 using flashinfer_a2a::FusedCombineShape;
 
 int violations = 0;
@@ -59,6 +61,26 @@ void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu, b
   if (static_cast<long long>(s.blocks - 1) * (s.threads / 32) >= warps) violation("a block without items");
 }
 
+// Over the FP8 wire blocks have exactly kCombineWarps warps (every one quantizes, then pulls) and a warp pulls up to
+// kFusedFp8Items items, wherever the ranks run; at most as many blocks as above, since they wait too.
+void CheckFp8(long long items, int num_sms, int device_sms, int ep, bool own_gpu) {
+  const FusedCombineShape s = FusedFp8CombineFor(items, num_sms, device_sms, ep, own_gpu);
+  const long long max_blocks = MaxBlocks(num_sms, device_sms, ep, own_gpu);
+  const long long warps = flashinfer_a2a::kCombineWarps, per_warp = flashinfer_a2a::kFusedFp8Items;
+  const bool possible = max_blocks >= 1 && items <= max_blocks * warps * per_warp;
+  auto violation = [&](const char* what) { Violation(what, items, num_sms, device_sms, ep, own_gpu, false, s); };
+  if (s.blocks == 0) {
+    if (possible) violation("fp8: declined although a safe grid exists");
+    return;
+  }
+  if (!possible) violation("fp8: one kernel although no safe grid exists");
+  if (s.blocks < 1 || s.blocks > max_blocks) violation("fp8: blocks out of range");
+  if (s.threads != flashinfer_a2a::kCombineThreads) violation("fp8: threads other than kCombineThreads");
+  const long long grid_warps = static_cast<long long>(s.blocks) * warps;
+  if ((items + grid_warps - 1) / grid_warps > per_warp) violation("fp8: a warp pulls too many items");
+  if (static_cast<long long>(s.blocks - 1) * warps >= items) violation("fp8: a block without items");
+}
+
 }  // namespace
 
 int main() {
@@ -75,6 +97,10 @@ int main() {
             for (long long warps = 1; warps <= 40000; warps += (warps < 600 ? 1 : 37)) {
               Check(warps, num_sms, device_sms, ep, own_gpu != 0, wide != 0);
               ++cases;
+              if (!wide) {
+                CheckFp8(warps, num_sms, device_sms, ep, own_gpu != 0);
+                ++cases;
+              }
             }
           }
         }

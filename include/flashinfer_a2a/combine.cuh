@@ -16,6 +16,8 @@
 // When the partials are already in place (zero copy) and the pull is small, CombineFusedKernel does both in one
 // launch: the first block to run publishes, every block waits for the peers, then pulls. Its grid is kept small
 // enough that the waiting blocks never hold a multiprocessor a peer sharing the GPU still needs (FusedCombineFor).
+// A short pull over the FP8 wire is one launch too (CombineFusedFp8Kernel): the blocks quantize, the last to finish
+// publishes, then all wait and pull.
 // A combine runs the epoch of its dispatch and advances no counter of its own.
 #pragma once
 
@@ -120,6 +122,32 @@ __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
   // counted at the end: the next combine runs the epoch of the next dispatch.
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;
   PullItems<T, kVec, kVecs>(p, failed, first_item, item_stride, &first_entry);
+}
+
+// The one-kernel combine over the FP8 wire (bf16|fp16): every block quantizes its share of the rows for other ranks
+// (as CombinePublishKernel does), the last block to finish publishes for all, then every block waits for the peers
+// and pulls (as CombinePullFp8Kernel does). The grid runs in one wave (FusedFp8CombineFor): a block waiting for the
+// peers must not keep one of this rank's blocks from quantizing.
+template <typename T>
+__global__ void __launch_bounds__(kCombineThreads) CombineFusedFp8Kernel(const __grid_constant__ CombineParams p) {
+  WaitPriorKernels();
+  StartDependents(p.ranks.own_gpu);
+  RankMetadata* meta = p.ranks.MyMeta();
+  const int64_t first_item = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  const int64_t item_stride = static_cast<int64_t>(gridDim.x) * kCombineWarps;
+  const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);
+  if (start.fatal) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
+    PullItemsFp8<T>(p, true, first_item, item_stride);
+    return;
+  }
+  __shared__ float s_scales[kCombineWarps][kFp8WireMaxCols];
+  QuantizeRowsFp8<T>(p, s_scales[threadIdx.x / 32]);
+  if (ArriveLastBlock(&meta->blocks_done)) {  // its acquire covers every block's rows; the publish releases them
+    if (threadIdx.x == 0) meta->blocks_done = 0;
+    PublishCombineEpoch(p, start.epoch);
+  }
+  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, start.epoch)) != 0;
+  PullItemsFp8<T>(p, failed, first_item, item_stride);
 }
 
 enum class FloatType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
@@ -258,6 +286,21 @@ inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device
   return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
 }
 
+// The grid of the one-kernel combine over the FP8 wire: blocks of kCombineWarps warps, at most one per
+// multiprocessor of the budget (where ranks share a GPU, their share of all but one, as FusedCombineFor), while no
+// warp has more than kFusedFp8Items pull items; else it takes two kernels (blocks == 0). DeepSeek-V3 rows from a
+// partials tensor, pair of the slowest rank, two kernels -> one: 2 H100s, 1 token 21.7 -> 20.3 us, 64 tokens 25.4 ->
+// 23.7, 128 tokens 30.1 -> 28.8; 4 H100s 23.1 -> 22.6, 33.1 -> 32.8, 46.3 -> 46.2. At 256 tokens (3.4 items a warp)
+// one kernel was slower (36.2 -> 40.4 and 73.9 -> 79.9 us), at 512 and 1024 more so.
+constexpr int kFusedFp8Items = 2;
+inline FusedCombineShape FusedFp8CombineFor(int64_t pull_items, int grid_sms, int device_sms, int ep_size,
+                                            bool one_gpu_per_rank) {
+  const int64_t cap = one_gpu_per_rank ? grid_sms : std::min<int64_t>(grid_sms, (device_sms - 1) / ep_size);
+  if (cap < 1 || pull_items > cap * kCombineWarps * kFusedFp8Items) return {};
+  const int64_t blocks = std::clamp<int64_t>((pull_items + kCombineWarps - 1) / kCombineWarps, 1, cap);
+  return {static_cast<int>(blocks), kCombineThreads};
+}
+
 // pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. grid_sms: the
 // multiprocessors the grids are sized for (the SM budget applied); device_sms: the GPU's multiprocessors.
 // one_gpu_per_rank: no two ranks share a GPU.
@@ -296,6 +339,14 @@ inline cudaError_t LaunchCombine(const CombineParams& p, FloatType type, int pul
                                 PullLauncher{p, fused.blocks, fused.threads, true, vecs, stream});
     }
   }
+  if (!split && p.fp8_wire && p.num_tokens > 0) {
+    const FusedCombineShape fused =
+        FusedFp8CombineFor(narrow_items, grid_sms, device_sms, p.ranks.ep_size, one_gpu_per_rank);
+    if (fused.blocks > 0) {
+      return LaunchAfterPrior(p.fp16 ? CombineFusedFp8Kernel<__half> : CombineFusedFp8Kernel<__nv_bfloat16>,
+                              fused.blocks, fused.threads, stream, p);
+    }
+  }
   // Zero copy needs one block (the signal); a copy gets a warp per row (per piece of a row when quantizing from a
   // partials tensor), up to two blocks per multiprocessor.
   const int64_t items = static_cast<int64_t>(p.ranks.ep_size) * p.runtime_max *
@@ -321,6 +372,8 @@ inline cudaError_t GetCombineKernelAttributes() {
   cudaError_t err = cudaFuncGetAttributes(&attr, CombinePublishKernel);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePullFp8Kernel<__half>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePullFp8Kernel<__nv_bfloat16>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombineFusedFp8Kernel<__half>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombineFusedFp8Kernel<__nv_bfloat16>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePushKernel<Fp8Wire<__half>>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, CombinePushKernel<Fp8Wire<__nv_bfloat16>>);
   for (FloatType type : {FloatType::kFloat32, FloatType::kBFloat16, FloatType::kFloat16}) {

@@ -1,7 +1,8 @@
 """Simulated ranks (one GPU) run a zero-copy combine as one kernel while its grid, capped so that the waiting blocks
 of every rank leave a multiprocessor free (and by the SM budget), can pull every item with at most 4 items a warp;
-a larger one runs as the publish + pull pair. Both sum bitwise like the reference. Each rank's dispatch takes an
-equal share of the multiprocessors by default."""
+a larger one runs as the publish + pull pair. Both sum bitwise like the reference. The same over the FP8 wire, with
+blocks of 8 warps and at most 2 items a warp. Each rank's dispatch takes an equal share of the multiprocessors by
+default."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 import flashinfer_a2a as fa
 import flashinfer_a2a.functional as F
 from flashinfer_a2a.reference import bitwise_equal, reference_combine
+from flashinfer_a2a.reference.quant import reference_combine_fp8
 from flashinfer_a2a.testing.simulate import SimulatedRanks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -23,7 +25,7 @@ DTYPE = torch.bfloat16
 
 
 def _combine_kernels(tokens: int, gen: torch.Generator, num_sms: int = 0, hidden: int = HIDDEN,
-                     dtype: torch.dtype = DTYPE) -> set[str]:
+                     dtype: torch.dtype = DTYPE, quant_format=None) -> set[str]:
     row = hidden * dtype.itemsize
     config = fa.WorkspaceConfig(ep_size=EP, max_num_tokens=MAX_TOKENS, dispatch_bytes_per_token=row + TOP_K * 4,
                                 combine_bytes_per_token=row, top_k=TOP_K)
@@ -31,17 +33,19 @@ def _combine_kernels(tokens: int, gen: torch.Generator, num_sms: int = 0, hidden
     ids = [torch.randint(0, EXPERTS, (tokens, TOP_K), generator=gen, dtype=torch.int32).cuda() for _ in range(EP)]
     xs = [torch.randn(tokens, hidden, generator=gen).to(dtype).cuda() for _ in range(EP)]
     received = sim.dispatch(ids, [[x, i] for x, i in zip(xs, ids)], tokens, EXPERTS)
-    for r in range(EP):  # fresh partials in every row, zero copy
-        sim.combine_input(r, tokens, hidden, dtype).copy_(torch.randn(EP, tokens, hidden, generator=gen).to(dtype))
+    partials = [torch.randn(EP, tokens, hidden, generator=gen).to(dtype) for _ in range(EP)]
+    for r in range(EP):  # fresh partials in every row, zero copy (quantized in place over the FP8 wire)
+        sim.combine_input(r, tokens, hidden, dtype).copy_(partials[r])
     outs = [torch.full((tokens, hidden), float("nan"), dtype=dtype, device="cuda") for _ in range(EP)]
     counts = [c for _, c in received]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         got = sim.run(lambda r: F.combine(sim.workspace, r, config, counts[r], tokens, tokens, out=outs[r],
-                                          num_sms=num_sms))
+                                          num_sms=num_sms, quant_format=quant_format))
         torch.cuda.synchronize()
-    partials = [sim.combine_input(r, tokens, hidden, dtype) for r in range(EP)]
-    expected = reference_combine([p.cpu() for p in partials], [i.cpu() for i in ids], EXPERTS)
+    partials = [p.cpu() for p in partials]
+    reference = reference_combine_fp8 if quant_format else reference_combine
+    expected = reference(partials, [i.cpu() for i in ids], EXPERTS)
     for r in range(EP):
         assert got[r].data_ptr() == outs[r].data_ptr()
         assert bitwise_equal(outs[r].cpu(), expected[r]), f"rank {r}"
@@ -88,3 +92,20 @@ def test_pull_items_widen_only_where_warps_would_loop(dtype, hidden, tokens, num
     pulls = [re.search(rf"{kernel}<(.*)>", k) for k in kernels if kernel in k]
     # the last template argument: vectors a lane per item
     assert pulls and all(m and re.findall(r"\d+", m[1])[-1] == str(vectors) for m in pulls), kernels
+
+
+# Over the FP8 wire a token is 2 pulled items (1024 elements = 2 x 512). One kernel (quantize, publish, pull) while
+# every warp of blocks of 8 warps, at most one per multiprocessor of the cap (the budget, or the ranks' share of all
+# but one), has at most 2 items; else the publish (which quantizes) + pull pair.
+@pytest.mark.parametrize("tokens, num_sms, fused", [
+    (1, 0, True),     # 2 items: one block
+    (300, 0, True),   # 600 items: the cap's blocks (65 of an H100's 132), 1 or 2 items a warp
+    (16, 2, True),    # 32 items: 2 blocks of 8 warps, 2 items a warp
+    (17, 2, False),   # 34 items > 2 x 8 x 2
+])
+def test_fp8_wire_combine_runs_as_one_kernel_while_its_grid_fits(tokens, num_sms, fused):
+    gen = torch.Generator().manual_seed(torch.seed())
+    kernels = _combine_kernels(tokens, gen, num_sms, quant_format="fp8_block")
+    one = any("CombineFusedFp8Kernel" in k for k in kernels)
+    two = any("CombinePublishKernel" in k for k in kernels) and any("CombinePullFp8Kernel" in k for k in kernels)
+    assert (one, two) == (fused, not fused), kernels
