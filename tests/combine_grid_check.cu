@@ -4,6 +4,7 @@
 // violations.
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "flashinfer_a2a/combine.cuh"
 
@@ -33,52 +34,52 @@ long long MaxBlocks(int num_sms, int device_sms, int ep, bool own_gpu) {
   return blocks;
 }
 
-// With a GPU per rank on the whole GPU the blocks have exactly OwnGpuPullWarps warps, each pulling up to
-// kOwnGpuFusedItems items; under an SM budget 8 to 32 warps, an item each; where ranks share a GPU 8 to 32 warps, up
-// to kSharedGpuFusedItems items each.
-void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu, bool wide) {
-  const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu, wide);
-  const long long max_blocks = MaxBlocks(num_sms, device_sms, ep, own_gpu);
-  const bool whole = own_gpu && num_sms == device_sms;
-  const long long items_per_warp = whole ? flashinfer_a2a::kOwnGpuFusedItems
-                                   : own_gpu ? 1
-                                             : flashinfer_a2a::kSharedGpuFusedItems;
-  const long long min_warps = whole ? flashinfer_a2a::OwnGpuPullWarps(wide) : flashinfer_a2a::kCombineWarps;
-  const long long max_warps = whole ? min_warps : flashinfer_a2a::kFusedCombineMaxThreads / 32;
-  const bool possible = max_blocks >= 1 && warps <= max_blocks * max_warps * items_per_warp;
-  auto violation = [&](const char* what) { Violation(what, warps, num_sms, device_sms, ep, own_gpu, wide, s); };
+// What a rule promises for one shape: at most max_blocks blocks of min_warps to max_warps warps, each warp pulling at
+// most items_per_warp items. Judge checks a grid against it: the grid is safe and covers the pull, and a rule
+// declines only where no such grid exists.
+struct Promise {
+  long long max_blocks, items_per_warp, min_warps, max_warps;
+};
+template <typename Violation>
+void Judge(const FusedCombineShape& s, long long items, const Promise& w, Violation violation) {
+  const bool possible = w.max_blocks >= 1 && items <= w.max_blocks * w.max_warps * w.items_per_warp;
   if (s.blocks == 0) {
     if (possible) violation("declined although a safe grid exists");
     return;
   }
   if (!possible) violation("one kernel although no safe grid exists");
-  if (s.blocks < 1 || s.blocks > max_blocks) violation("blocks out of range");
-  if (s.threads % 32 != 0 || s.threads < min_warps * 32 || s.threads > max_warps * 32) {
+  if (s.blocks < 1 || s.blocks > w.max_blocks) violation("blocks out of range");
+  if (s.threads % 32 != 0 || s.threads < w.min_warps * 32 || s.threads > w.max_warps * 32) {
     violation("threads out of range");
   }
   const long long grid_warps = static_cast<long long>(s.blocks) * (s.threads / 32);
-  if ((warps + grid_warps - 1) / grid_warps > items_per_warp) violation("a warp pulls too many items");
-  if (static_cast<long long>(s.blocks - 1) * (s.threads / 32) >= warps) violation("a block without items");
+  if ((items + grid_warps - 1) / grid_warps > w.items_per_warp) violation("a warp pulls too many items");
+  if (static_cast<long long>(s.blocks - 1) * (s.threads / 32) >= items) violation("a block without items");
+}
+
+// With a GPU per rank on the whole GPU the blocks have exactly OwnGpuPullWarps warps, each pulling up to
+// kOwnGpuFusedItems items; under an SM budget 8 to 32 warps, an item each; where ranks share a GPU 8 to 32 warps, up
+// to kSharedGpuFusedItems items each.
+void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu, bool wide) {
+  const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu, wide);
+  const bool whole = own_gpu && num_sms == device_sms;
+  const long long min_warps = whole ? flashinfer_a2a::OwnGpuPullWarps(wide) : flashinfer_a2a::kCombineWarps;
+  const Promise promise{MaxBlocks(num_sms, device_sms, ep, own_gpu),
+                        whole ? flashinfer_a2a::kOwnGpuFusedItems : own_gpu ? 1 : flashinfer_a2a::kSharedGpuFusedItems,
+                        min_warps, whole ? min_warps : flashinfer_a2a::kFusedCombineMaxThreads / 32};
+  Judge(s, warps, promise,
+        [&](const char* what) { Violation(what, warps, num_sms, device_sms, ep, own_gpu, wide, s); });
 }
 
 // Over the FP8 wire blocks have exactly kCombineWarps warps (every one quantizes, then pulls) and a warp pulls up to
 // kFusedFp8Items items, wherever the ranks run; at most as many blocks as above, since they wait too.
 void CheckFp8(long long items, int num_sms, int device_sms, int ep, bool own_gpu) {
   const FusedCombineShape s = FusedFp8CombineFor(items, num_sms, device_sms, ep, own_gpu);
-  const long long max_blocks = MaxBlocks(num_sms, device_sms, ep, own_gpu);
-  const long long warps = flashinfer_a2a::kCombineWarps, per_warp = flashinfer_a2a::kFusedFp8Items;
-  const bool possible = max_blocks >= 1 && items <= max_blocks * warps * per_warp;
-  auto violation = [&](const char* what) { Violation(what, items, num_sms, device_sms, ep, own_gpu, false, s); };
-  if (s.blocks == 0) {
-    if (possible) violation("fp8: declined although a safe grid exists");
-    return;
-  }
-  if (!possible) violation("fp8: one kernel although no safe grid exists");
-  if (s.blocks < 1 || s.blocks > max_blocks) violation("fp8: blocks out of range");
-  if (s.threads != flashinfer_a2a::kCombineThreads) violation("fp8: threads other than kCombineThreads");
-  const long long grid_warps = static_cast<long long>(s.blocks) * warps;
-  if ((items + grid_warps - 1) / grid_warps > per_warp) violation("fp8: a warp pulls too many items");
-  if (static_cast<long long>(s.blocks - 1) * warps >= items) violation("fp8: a block without items");
+  const Promise promise{MaxBlocks(num_sms, device_sms, ep, own_gpu), flashinfer_a2a::kFusedFp8Items,
+                        flashinfer_a2a::kCombineWarps, flashinfer_a2a::kCombineWarps};
+  Judge(s, items, promise, [&](const char* what) {
+    Violation((std::string("fp8: ") + what).c_str(), items, num_sms, device_sms, ep, own_gpu, false, s);
+  });
 }
 
 }  // namespace
