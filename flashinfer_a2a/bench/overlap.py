@@ -14,8 +14,8 @@ slowest rank, median over samples):
 ``interleaved`` is reported against ``max(a2a, compute)`` (1.0: the shorter part hidden entirely) and against the
 sum (1.0: nothing hidden). With ``--num-sms`` each budget is timed too: the all-to-all's kernels get that many
 multiprocessors (the GEMMs may take any, or with ``--gemm-carveout`` only the others: torch's experimental SM
-carve-out, where this torch has it), and the a2a alone is also reported against the whole GPU's (``a2a/whole``). On simulated ranks every rank's
-kernels and stages share one GPU; across processes each rank has its own.
+carve-out, where this torch has it), and the a2a alone is also reported against the whole GPU's (``a2a/whole``). On
+simulated ranks every rank's kernels and stages share one GPU; across processes each rank has its own.
 """
 
 from __future__ import annotations
