@@ -44,6 +44,16 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
 
 // Split phase: a send runs the copy and the publish and advances the epoch; a receive runs this kernel as one block
 // that only waits for the peers (of the epoch its send advanced to) before the pull kernel.
+// Grid completion of a publishing kernel, after each block's stores: the last block to arrive clears the count for
+// the next combine and releases this rank's epoch to every peer (its acquire covers every block's stores). Returns
+// whether this block was that one.
+__device__ __forceinline__ bool PublishIfLastBlock(const CombineParams& p, RankMetadata* meta, uint32_t epoch) {
+  if (!ArriveLastBlock(&meta->blocks_done)) return false;
+  if (threadIdx.x == 0) meta->blocks_done = 0;
+  PublishCombineEpoch(p, epoch);
+  return true;
+}
+
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
   StartDependents(p.ranks.own_gpu);
@@ -75,10 +85,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
     }
   }
 
-  if (!ArriveLastBlock(&meta->blocks_done)) return;
-  if (threadIdx.x == 0) meta->blocks_done = 0;
-  PublishCombineEpoch(p, epoch);
-  if (waits) WaitCombinePeers(p, meta, epoch);
+  if (PublishIfLastBlock(p, meta, epoch) && waits) WaitCombinePeers(p, meta, epoch);
 }
 
 template <typename T, int kVec, int kVecs>
@@ -142,10 +149,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFusedFp8Kernel(const _
   }
   __shared__ float s_scales[kCombineWarps][kFp8WireMaxCols];
   QuantizeRowsFp8<T>(p, s_scales[threadIdx.x / 32]);
-  if (ArriveLastBlock(&meta->blocks_done)) {  // its acquire covers every block's rows; the publish releases them
-    if (threadIdx.x == 0) meta->blocks_done = 0;
-    PublishCombineEpoch(p, start.epoch);
-  }
+  PublishIfLastBlock(p, meta, start.epoch);
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, start.epoch)) != 0;
   PullItemsFp8<T>(p, failed, first_item, item_stride);
 }
@@ -269,6 +273,11 @@ constexpr int OwnGpuPullWarps(bool wide_fan_out) { return wide_fan_out ? 4 : 8; 
 struct FusedCombineShape {
   int blocks = 0, threads = 0;  // blocks == 0: the combine does not fit one kernel
 };
+// The most blocks of a one-kernel combine, all of which may wait for the peers at once: the budget's
+// multiprocessors with a GPU per rank; where ranks share a GPU, also their share of all but one multiprocessor.
+inline int64_t FusedCombineCap(int grid_sms, int device_sms, int ep_size, bool one_gpu_per_rank) {
+  return one_gpu_per_rank ? grid_sms : std::min<int64_t>(grid_sms, (device_sms - 1) / ep_size);
+}
 inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device_sms, int ep_size,
                                          bool one_gpu_per_rank, bool wide_fan_out) {
   if (one_gpu_per_rank && grid_sms >= device_sms) {  // the whole GPU
@@ -278,7 +287,7 @@ inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device
     return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
   }
   constexpr int kMaxWarps = kFusedCombineMaxThreads / 32;
-  const int64_t cap = one_gpu_per_rank ? grid_sms : std::min<int64_t>(grid_sms, (device_sms - 1) / ep_size);
+  const int64_t cap = FusedCombineCap(grid_sms, device_sms, ep_size, one_gpu_per_rank);
   const int64_t items_per_warp = one_gpu_per_rank ? 1 : kSharedGpuFusedItems;
   if (cap < 1 || warps > cap * kMaxWarps * items_per_warp) return {};
   const int64_t per_block = std::clamp<int64_t>((warps + cap - 1) / cap, kCombineWarps, kMaxWarps);
@@ -286,16 +295,15 @@ inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device
   return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
 }
 
-// The grid of the one-kernel combine over the FP8 wire: blocks of kCombineWarps warps, at most one per
-// multiprocessor of the budget (where ranks share a GPU, their share of all but one, as FusedCombineFor), while no
-// warp has more than kFusedFp8Items pull items; else it takes two kernels (blocks == 0). DeepSeek-V3 rows from a
+// The grid of the one-kernel combine over the FP8 wire: blocks of kCombineWarps warps, FusedCombineCap of them at
+// most, while no warp has more than kFusedFp8Items pull items; else it takes two kernels (blocks == 0). DeepSeek-V3 rows from a
 // partials tensor, pair of the slowest rank, two kernels -> one: 2 H100s, 1 token 21.7 -> 20.3 us, 64 tokens 25.4 ->
 // 23.7, 128 tokens 30.1 -> 28.8; 4 H100s 23.1 -> 22.6, 33.1 -> 32.8, 46.3 -> 46.2. At 256 tokens (3.4 items a warp)
 // one kernel was slower (36.2 -> 40.4 and 73.9 -> 79.9 us), at 512 and 1024 more so.
 constexpr int kFusedFp8Items = 2;
 inline FusedCombineShape FusedFp8CombineFor(int64_t pull_items, int grid_sms, int device_sms, int ep_size,
                                             bool one_gpu_per_rank) {
-  const int64_t cap = one_gpu_per_rank ? grid_sms : std::min<int64_t>(grid_sms, (device_sms - 1) / ep_size);
+  const int64_t cap = FusedCombineCap(grid_sms, device_sms, ep_size, one_gpu_per_rank);
   if (cap < 1 || pull_items > cap * kCombineWarps * kFusedFp8Items) return {};
   const int64_t blocks = std::clamp<int64_t>((pull_items + kCombineWarps - 1) / kCombineWarps, 1, cap);
   return {static_cast<int>(blocks), kCombineThreads};
