@@ -7,8 +7,8 @@ from flashinfer_a2a.bench import args as bench_args
 from flashinfer_a2a.bench.impls import Variant, variants
 import torch
 
-from flashinfer_a2a.bench.experts import (DENSE_N, INTERMEDIATE, ExpertStage, ExpertWeights, grouped_mm_works,
-                                          local_experts)
+from flashinfer_a2a.bench.experts import (DENSE_N, INTERMEDIATE, KEY_LIMIT, ExpertStage, ExpertWeights,
+                                          grouped_mm_works, local_experts)
 from flashinfer_a2a.bench.overlap import LOOPS, _loops, format_overlap_table, gemm_carveout, relate_budgets
 from flashinfer_a2a.reference import rank_expert_range
 
@@ -93,6 +93,19 @@ def test_experts_stage_equals_a_loop_over_its_pairs(grouped, num_experts):
     for _ in range(2):  # a step rewrites the whole input
         stage()
         assert torch.allclose(out.float(), want, rtol=2e-2, atol=3e-2)
+
+
+def test_experts_stage_refuses_more_groups_than_its_keys_hold():
+    ep_size, runtime_max, top_k, hidden = 2, 4, 2, 8
+    x = torch.zeros(ep_size, runtime_max, hidden, dtype=torch.bfloat16)
+    ids = torch.zeros(ep_size, runtime_max, top_k, dtype=torch.int32)
+    weights = torch.ones(ep_size, runtime_max, top_k)
+    counts = torch.tensor([runtime_max, runtime_max], dtype=torch.int32)
+    groups = KEY_LIMIT
+    experts = ExpertWeights(torch.empty(groups, 2 * INTERMEDIATE, hidden, dtype=torch.bfloat16),
+                            torch.empty(groups, hidden, INTERMEDIATE, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=f"{groups} expert groups.*fewer than {KEY_LIMIT}"):
+        ExpertStage(x, ids, weights, counts, x.clone(), 0, 512, experts, grouped=False)
 
 
 def test_gemm_carveout_is_restored():

@@ -3,8 +3,10 @@
 ``experts``: each rank's routed experts of DeepSeek-V3's shape on the rows it received, as an engine runs them:
 
 1. route: every (received row, top-k slot) whose expert this rank owns becomes a pair; the pairs are sorted by
-   expert (a stable ``argsort`` of ``[ep_size * runtime_max * top_k]`` keys, past-count rows and other ranks'
-   experts keyed last), the per-expert counts summed into ``offs``;
+   expert (a stable sort of ``[ep_size * runtime_max * top_k]`` one-byte keys, past-count rows and other ranks'
+   experts keyed last: one radix pass), each group's end found in the sorted keys (``offs``). An engine routes in
+   a kernel or two; a sort of 64-bit keys took some 25 small nodes here, whose launch gaps grew when the
+   transfer's stream joined the graph (docs/overlap.md);
 2. gather the pairs' rows ``[pairs, hidden]``;
 3. gate-up grouped GEMM ``[pairs, hidden] x [experts, hidden, 2 * 2048]``, SiLU(gate) * up;
 4. down grouped GEMM ``[pairs, 2048] x [experts, 2048, hidden]``, times each pair's top-k weight;
@@ -36,6 +38,8 @@ from ..reference import rank_expert_range
 
 #: Routed expert groups over all ranks in the ``experts`` stage (see the module docstring).
 STAGE_EXPERTS = 32
+#: The stage's sort keys are one byte: expert groups per rank stay below this.
+KEY_LIMIT = 255
 #: DeepSeek-V3's routed expert: hidden -> 2 x 2048 (gate, up), SiLU(gate) * up, 2048 -> hidden.
 INTERMEDIATE = 2048
 #: The ``dense`` stage's GEMM width.
@@ -108,27 +112,29 @@ class ExpertStage:
         self.lo, self.hi = rank_expert_range(rank, num_experts, self.ep_size)
         self.weights, self.grouped = weights, grouped
         self.experts = weights.gate_up.shape[0]
+        if self.experts >= KEY_LIMIT:
+            raise ValueError(f"weights hold {self.experts} expert groups: the stage sorts one-byte keys, expected "
+                             f"fewer than {KEY_LIMIT}")
         self.slots = torch.arange(self.runtime_max, device=recv_ids.device)
-        self.ones = torch.ones(self.ep_size * self.runtime_max * self.top_k, dtype=torch.int32,
-                               device=recv_ids.device)
+        self.groups = torch.arange(self.experts, dtype=torch.uint8, device=recv_ids.device)
         # Read once (a host sync, outside any timing): the pairs, and the offsets the per-expert fallback cuts at.
-        sizes = self._sizes(self._keys())
-        self.pairs = int(sizes[:-1].sum())
-        bounds = sizes[:-1].cumsum(0).tolist()
-        self.bounds = list(zip([0] + bounds[:-1], bounds))
+        ends = self._route()[1].tolist()
+        self.pairs = ends[-1]
+        self.bounds = list(zip([0] + ends[:-1], ends))
 
     def _keys(self) -> torch.Tensor:
-        """``[ep_size * runtime_max * top_k]`` int64: each pair's expert group, ``experts`` for the others."""
+        """``[ep_size * runtime_max * top_k]`` uint8: each pair's expert group, ``experts`` for the others."""
         valid = (self.slots < self.counts[:, None])[..., None]
         ids = self.ids
         mine = valid & (ids >= self.lo) & (ids < self.hi)
         group = (ids - self.lo) * self.experts // max(1, self.hi - self.lo)
-        return torch.where(mine, group, self.experts).flatten().long()
+        return torch.where(mine, group, self.experts).flatten().to(torch.uint8)
 
-    def _sizes(self, keys: torch.Tensor) -> torch.Tensor:
-        """``[experts + 1]`` int32: the pairs of each group (the last: the others)."""
-        sizes = torch.zeros(self.experts + 1, dtype=torch.int32, device=keys.device)
-        return sizes.scatter_add_(0, keys, self.ones)
+    def _route(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every slot's flat index sorted by group (stable; this rank's pairs first), and ``[experts]`` int32: the
+        end of each group's pairs in that order."""
+        keys, order = torch.sort(self._keys(), stable=True)
+        return order, torch.searchsorted(keys, self.groups, right=True, out_int32=True)
 
     def _gemm(self, rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """``rows [pairs, k] x weight[e].T`` for each group's rows."""
@@ -144,9 +150,8 @@ class ExpertStage:
         if not self.pairs:  # nothing received for this rank's experts (skewed routing)
             self.out.zero_()
             return
-        keys = self._keys()
-        order = torch.argsort(keys, stable=True)[: self.pairs]
-        offs = self._sizes(keys)[:-1].cumsum(0, dtype=torch.int32)
+        order, offs = self._route()
+        order = order[: self.pairs]
         rows = order // self.top_k
         h = self._gemm(self.x.index_select(0, rows), self.weights.gate_up, offs)
         act = torch.nn.functional.silu(h[:, :INTERMEDIATE]) * h[:, INTERMEDIATE:]
