@@ -42,8 +42,6 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
   }
 }
 
-// Split phase: a send runs the copy and the publish and advances the epoch; a receive runs this kernel as one block
-// that only waits for the peers (of the epoch its send advanced to) before the pull kernel.
 // Grid completion of a publishing kernel, after each block's stores: the last block to arrive clears the count for
 // the next combine and releases this rank's epoch to every peer (its acquire covers every block's stores). Returns
 // whether this block was that one.
@@ -54,6 +52,8 @@ __device__ __forceinline__ bool PublishIfLastBlock(const CombineParams& p, RankM
   return true;
 }
 
+// Split phase: a send runs the copy and the publish and advances the epoch; a receive runs this kernel as one block
+// that only waits for the peers (of the epoch its send advanced to) before the pull kernel.
 __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
   StartDependents(p.ranks.own_gpu);
@@ -296,10 +296,10 @@ inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device
 }
 
 // The grid of the one-kernel combine over the FP8 wire: blocks of kCombineWarps warps, FusedCombineCap of them at
-// most, while no warp has more than kFusedFp8Items pull items; else it takes two kernels (blocks == 0). DeepSeek-V3 rows from a
-// partials tensor, pair of the slowest rank, two kernels -> one: 2 H100s, 1 token 21.7 -> 20.3 us, 64 tokens 25.4 ->
-// 23.7, 128 tokens 30.1 -> 28.8; 4 H100s 23.1 -> 22.6, 33.1 -> 32.8, 46.3 -> 46.2. At 256 tokens (3.4 items a warp)
-// one kernel was slower (36.2 -> 40.4 and 73.9 -> 79.9 us), at 512 and 1024 more so.
+// most, while no warp has more than kFusedFp8Items pull items; else it takes two kernels (blocks == 0). DeepSeek-V3
+// rows from a partials tensor, pair of the slowest rank, two kernels -> one: 2 H100s, 1 token 21.7 -> 20.3 us, 64
+// tokens 25.4 -> 23.7, 128 tokens 30.1 -> 28.8; 4 H100s 23.1 -> 22.6, 33.1 -> 32.8, 46.3 -> 46.2. At 256 tokens
+// (3.4 items a warp) one kernel was slower (36.2 -> 40.4 and 73.9 -> 79.9 us), at 512 and 1024 more so.
 constexpr int kFusedFp8Items = 2;
 inline FusedCombineShape FusedFp8CombineFor(int64_t pull_items, int grid_sms, int device_sms, int ep_size,
                                             bool one_gpu_per_rank) {
