@@ -186,3 +186,33 @@ def test_the_no_peer_access_hint_names_the_nccl_transport():
     assert "transport='nccl'" in symm_mem.NCCL_HINT and "transport='auto'" in symm_mem.NCCL_HINT
     with pytest.raises(RuntimeError, match="transport='nccl'"):
         symm_mem.choose_handle_type([{"host": "h", "gpu": "g", "vmm": False, "fd": False, "fabric": False}])
+
+
+def test_nccl_memory_falls_back_to_the_caching_allocator():
+    """Without NCCL's allocator (a CPU device, a group with no NCCL backend) the peer exchange's buffers come from
+    torch's own allocator: nccl_pool gives None and allocating_from(None) changes nothing."""
+    from flashinfer_a2a.memory.nccl_memory import allocating_from, nccl_pool
+
+    class NoBackend:
+        def _get_backend(self, device):
+            raise RuntimeError("no backend for cuda")
+
+    assert nccl_pool(NoBackend(), torch.device("cpu")) is None
+    assert nccl_pool(NoBackend(), torch.device("cuda", 0)) is None
+    assert nccl_pool(object(), torch.device("cuda", 0)) is None
+    with allocating_from(None):
+        t = torch.arange(6)
+    assert t.tolist() == list(range(6))
+
+
+def test_peer_exchange_only_in_the_padded_mode_on_gpus(monkeypatch):
+    """The peer exchange (and so NCCL's memory) from PEER_EXCHANGE_MIN_TOKENS on, padded mode, CUDA only."""
+    from flashinfer_a2a.transports import nccl
+
+    transport = object.__new__(nccl.NcclTransport)
+    for exact, device, rm, expected in [(False, "cuda", nccl.PEER_EXCHANGE_MIN_TOKENS, True),
+                                        (False, "cuda", nccl.PEER_EXCHANGE_MIN_TOKENS - 1, False),
+                                        (True, "cuda", nccl.PEER_EXCHANGE_MIN_TOKENS, False),
+                                        (False, "cpu", nccl.PEER_EXCHANGE_MIN_TOKENS, False)]:
+        transport.exact, transport.device = exact, torch.device(device)
+        assert transport._peer_exchange(rm) is expected, (exact, device, rm)

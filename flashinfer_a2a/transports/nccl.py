@@ -18,7 +18,8 @@ Two modes:
   order, and writes ``recv_counts``.
   Combine: one ``all_to_all_single`` of the ``[ep_size, runtime_max, hidden]`` combine region (from
   ``PEER_EXCHANGE_MIN_TOKENS`` per rank one group of sends and receives to the peers instead, without the rank's
-  own block, which the sum reads from its partials; with
+  own block, which the sum reads from its partials; the peer exchange's own buffers come from NCCL's allocator,
+  :mod:`flashinfer_a2a.memory.nccl_memory`; with
   ``quant_format="fp8_block"`` first quantized by a kernel, ``nccl_combine_wire``, to FP8 with an fp32 scale per
   128: the NVLink combine's FP8 wire), then one kernel (``nccl_combine_sum``) sums each token's rows in increasing
   rank order in fp32. No step synchronises with the host.
@@ -60,6 +61,7 @@ from ..library.checks import check_combine_tensors, check_dispatch_inputs, check
 from ..library.errors import eager_call
 from ..library.nccl_wire import WIRE_ALIGN, NcclWire, dispatch_wire
 from ..library.wire_formats import WireFormat, check_combine_format, fp8_wire_row_bytes, wire_format
+from ..memory.nccl_memory import allocating_from, nccl_pool
 from . import nccl_torch as local
 from . import nccl_traced as traced
 from .nccl_torch import rank_mask, row_width  # noqa: F401 (rank_mask: documented here, docs/api.md)
@@ -196,6 +198,7 @@ class NcclTransport:
             device = torch.device("cuda", device)
         self.device = torch.device(device)
         self._buffers: dict[tuple, torch.Tensor] = {}
+        self._nccl_pool: Optional[Any] = None  # NCCL's allocator, made at the first peer exchange
         self._pending: Optional[Pending] = None
         self.recv_counts = torch.zeros(self.ep_size, dtype=torch.int32, device=self.device)
         self._calls = 0
@@ -203,18 +206,28 @@ class NcclTransport:
 
     # ------------------------------------------------------------------------------------------------ buffers
 
-    def _buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    def _buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype, exchanged: bool = False) -> torch.Tensor:
         """A tensor kept per (name, shape, dtype): a replayed CUDA graph reuses its memory, eager calls allocate
-        nothing after the first of a shape. A traced call allocates: the graph owns its memory, nothing is kept."""
+        nothing after the first of a shape. A traced call allocates: the graph owns its memory, nothing is kept.
+        ``exchanged``: every buffer of a peer exchange is, so it comes from NCCL's allocator (memory/nccl_memory.py);
+        it is part of the key, as one exchange's buffers must all be of one kind (mixed, NCCL's sends hang).
+        """
         if traced.tracing():
             return torch.empty(shape, dtype=dtype, device=self.device)
-        key = (name, tuple(shape), dtype)
+        key = (name, tuple(shape), dtype, exchanged)
         buf = self._buffers.get(key)
         if buf is None:
             if len(self._buffers) >= 256:  # runtime_max varies per step: start over rather than grow without bound
                 self._buffers.clear()
-            buf = self._buffers[key] = torch.empty(shape, dtype=dtype, device=self.device)
+            if exchanged and self._nccl_pool is None:
+                self._nccl_pool = nccl_pool(self.group, self.device)
+            with allocating_from(self._nccl_pool if exchanged else None):
+                buf = self._buffers[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return buf
+
+    def _peer_exchange(self, runtime_max: int) -> bool:
+        """Whether the padded mode moves its blocks by one group of sends and receives to the peers."""
+        return not self.exact and self._kernels and runtime_max >= PEER_EXCHANGE_MIN_TOKENS
 
     # ----------------------------------------------------------------------------------------------- dispatch
 
@@ -242,7 +255,8 @@ class NcclTransport:
         # in place (no copy of this rank's rows into its own block).
         gathered = None
         if not self.exact and not traced.tracing():
-            gathered = self._buffer("gathered", (self.ep_size, wire.total_bytes), torch.uint8)
+            gathered = self._buffer("gathered", (self.ep_size, wire.total_bytes), torch.uint8,
+                                    exchanged=self._peer_exchange(runtime_max))
         send = self._pack(topk_ids, payloads, wire, fmt, global_scale, swizzled_scales,
                           None if gathered is None else gathered[self.ep_rank])
         recv_like = self._recv_like(payloads, fmt, hidden, swizzled_scales, runtime_max)
@@ -331,7 +345,7 @@ class NcclTransport:
         """``gathered``: the kept buffer the all-gather fills (None while tracing); on GPUs ``send`` is its block."""
         if traced.tracing():
             gathered = traced.all_gather(send, self.group).view(self.ep_size, wire.total_bytes)
-        elif self._kernels and wire.runtime_max >= PEER_EXCHANGE_MIN_TOKENS:
+        elif self._peer_exchange(wire.runtime_max):
             self._exchange_with_peers([(d, send, gathered[d]) for d in range(self.ep_size)])
         else:
             self._all_gather(gathered.view(-1), send, group=self.group)
@@ -437,7 +451,7 @@ class NcclTransport:
                              f"{dtype} hidden={hidden}")
         fp8_wire = quant_format is not None
         wire = self._combine_wire(partials, pending, fp8_wire)
-        returned = self._exchange_partials(wire, pending)
+        returned = self._exchange_partials(wire, pending, fp8_wire)
         self._sum(out, returned, partials, pending, fp8_wire)
         self._pending = None
         return out
@@ -449,18 +463,22 @@ class NcclTransport:
             return local.to_bytes(partials.reshape(ep_size * rm, hidden))
         if not self._kernels:
             return local.combine_wire(partials)
-        wire = self._buffer("combine wire", (ep_size * rm, fp8_wire_row_bytes(hidden)), torch.uint8)
+        wire = self._buffer("combine wire", (ep_size * rm, fp8_wire_row_bytes(hidden)), torch.uint8,
+                            exchanged=self._peer_exchange(rm))
         ops.nccl_combine_wire(wire, _dense(partials), pending.recv_counts, self.ep_rank)
         return wire
 
-    def _exchange_partials(self, wire: torch.Tensor, pending: Pending) -> torch.Tensor:
+    def _exchange_partials(self, wire: torch.Tensor, pending: Pending, fp8_wire: bool) -> torch.Tensor:
         """Block ``[d]`` of the result: the rows rank d computed for this rank's tokens, in d's slot order."""
         ep_size, rm = self.ep_size, pending.runtime_max
         if pending.exact_splits is None and traced.tracing():
             return traced.all_to_all(wire, self.group)
-        returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8)
+        # Over the FP8 wire both sides of a peer exchange are this transport's buffers; plain rows are sent from the
+        # caller's partials, so they land in memory of the same kind.
+        returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8,
+                                exchanged=fp8_wire and self._peer_exchange(rm))
         if pending.exact_splits is None:
-            if self._kernels and rm >= PEER_EXCHANGE_MIN_TOKENS:
+            if self._peer_exchange(rm):
                 blocks = [slice(d * rm, (d + 1) * rm) for d in range(ep_size)]
                 self._exchange_with_peers([(d, wire[b], returned[b]) for d, b in enumerate(blocks)])
             else:
@@ -504,6 +522,7 @@ class NcclTransport:
     def destroy(self) -> None:
         """Drops the buffers. Idempotent."""
         self._buffers.clear()
+        self._nccl_pool = None  # after its tensors
         self._pending = None
         self._alive = False
 

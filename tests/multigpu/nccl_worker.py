@@ -116,8 +116,38 @@ def compare_with_peer_exchange(rank: int, ep_size: int, group) -> None:
     """The transports compared, eagerly and replayed from graphs, with the nccl transport gathering and exchanging
     its blocks with the peers at every runtime_max (as from PEER_EXCHANGE_MIN_TOKENS on)."""
     with mock.patch.object(nccl_transport, "PEER_EXCHANGE_MIN_TOKENS", 0):
+        check_exchange_memory(rank, ep_size, group)
         compare_transports(rank, ep_size, group)
         compare_graphs(rank, ep_size, group)
+
+
+def check_exchange_memory(rank: int, ep_size: int, group) -> None:
+    """The peer exchange's own buffers (the gathered blocks, the FP8 combine wire and the rows it returns) lie in
+    NCCL's allocator's pool; the rows returned of plain partials, sent from the caller's memory, do not."""
+    runtime_max = 24
+    moe = MoeAlltoAll(group, transport="nccl", max_num_tokens=runtime_max, top_k=TOP_K, num_experts=NUM_EXPERTS,
+                      hidden_size=HIDDEN, extra_dispatch_bytes_per_token=128, device=rank)
+    ids, payloads = rank_inputs(ep_size, runtime_max, 90, torch.int64)
+    partials = torch.randn(ep_size, runtime_max, HIDDEN, device="cuda").bfloat16()
+    for fmt in ("fp8_block", None):
+        moe.dispatch(ids[rank].cuda(), [p.cuda() for p in payloads[rank]], runtime_max, quant_format=fmt)
+        moe.combine(partials, quant_format=fmt)
+    transport = moe._transport
+    assert transport._nccl_pool is not None, "no pool on NCCL's allocator"
+    snapshot = transport._nccl_pool.snapshot()
+    snapshot = snapshot["segments"] if isinstance(snapshot, dict) else snapshot
+    segments = [(s["address"], s["address"] + s["total_size"]) for s in snapshot]
+
+    def in_pool(t: torch.Tensor) -> bool:
+        return any(lo <= t.data_ptr() and t.data_ptr() + t.nbytes <= hi for lo, hi in segments)
+
+    kept = {(name, t.shape[-1]): in_pool(t) for (name, _, _, _), t in transport._buffers.items()}
+    wire_row = nccl_transport.fp8_wire_row_bytes(HIDDEN)
+    for name, row in [("combine wire", wire_row), ("returned", wire_row)]:
+        assert kept[(name, row)], f"{name} is not in NCCL's pool"
+    assert all(v for (name, _), v in kept.items() if name == "gathered"), "gathered is not in NCCL's pool"
+    assert not kept[("returned", HIDDEN * 2)], "the plain rows returned are in NCCL's pool"
+    moe.destroy()
 
 
 def main(names: list[str]) -> None:
