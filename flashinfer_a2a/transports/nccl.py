@@ -209,8 +209,9 @@ class NcclTransport:
     def _buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype, exchanged: bool = False) -> torch.Tensor:
         """A tensor kept per (name, shape, dtype): a replayed CUDA graph reuses its memory, eager calls allocate
         nothing after the first of a shape. A traced call allocates: the graph owns its memory, nothing is kept.
-        ``exchanged``: every buffer of a peer exchange is, so it comes from NCCL's allocator (memory/nccl_memory.py);
-        it is part of the key, as one exchange's buffers must all be of one kind (mixed, NCCL's sends hang).
+        ``exchanged``: a buffer the peer exchange sends or receives, taken from NCCL's allocator
+        (memory/nccl_memory.py); part of the key, as the buffers of one exchange must be of one kind (a send from
+        NCCL's memory into torch's hangs).
         """
         if traced.tracing():
             return torch.empty(shape, dtype=dtype, device=self.device)
@@ -474,7 +475,7 @@ class NcclTransport:
         if pending.exact_splits is None and traced.tracing():
             return traced.all_to_all(wire, self.group)
         # Over the FP8 wire both sides of a peer exchange are this transport's buffers; plain rows are sent from the
-        # caller's partials, so they land in memory of the same kind.
+        # caller's partials (torch's memory), so they land in torch's memory too.
         returned = self._buffer("returned", (ep_size * rm, wire.shape[1]), torch.uint8,
                                 exchanged=fp8_wire and self._peer_exchange(rm))
         if pending.exact_splits is None:

@@ -123,7 +123,7 @@ def compare_with_peer_exchange(rank: int, ep_size: int, group) -> None:
 
 def check_exchange_memory(rank: int, ep_size: int, group) -> None:
     """The peer exchange's own buffers (the gathered blocks, the FP8 combine wire and the rows it returns) lie in
-    NCCL's allocator's pool; the rows returned of plain partials, sent from the caller's memory, do not."""
+    NCCL's allocator's pool; the plain combine's returned rows, sent from the caller's partials, do not."""
     runtime_max = 24
     moe = MoeAlltoAll(group, transport="nccl", max_num_tokens=runtime_max, top_k=TOP_K, num_experts=NUM_EXPERTS,
                       hidden_size=HIDDEN, extra_dispatch_bytes_per_token=128, device=rank)
