@@ -200,7 +200,7 @@ def test_nccl_memory_falls_back_to_the_caching_allocator():
     assert nccl_pool(NoBackend(), torch.device("cpu")) is None
     assert nccl_pool(NoBackend(), torch.device("cuda", 0)) is None
     assert nccl_pool(object(), torch.device("cuda", 0)) is None
-    with allocating_from(None):
+    with allocating_from(None, torch.device("cpu")):
         t = torch.arange(6)
     assert t.tolist() == list(range(6))
 

@@ -32,11 +32,11 @@ def nccl_pool(group: Any, device: torch.device) -> Optional[Any]:
 
 
 @contextlib.contextmanager
-def allocating_from(pool: Optional[Any]) -> Iterator[None]:
-    """New CUDA tensors in the block come from ``pool``; from the caching allocator where ``pool`` is None or a CUDA
-    graph is being captured (whose own pool takes what the capture allocates)."""
+def allocating_from(pool: Optional[Any], device: torch.device) -> Iterator[None]:
+    """New tensors on ``device`` in the block come from ``pool``; from the caching allocator where ``pool`` is None
+    or a CUDA graph is being captured (whose own pool takes what the capture allocates)."""
     if pool is None or torch.cuda.is_current_stream_capturing():
         yield
         return
-    with torch.cuda.use_mem_pool(pool):
+    with torch.cuda.use_mem_pool(pool, device=device):
         yield

@@ -222,7 +222,7 @@ class NcclTransport:
                 self._buffers.clear()
             if exchanged and self._nccl_pool is None:
                 self._nccl_pool = nccl_pool(self.group, self.device)
-            with allocating_from(self._nccl_pool if exchanged else None):
+            with allocating_from(self._nccl_pool if exchanged else None, self.device):
                 buf = self._buffers[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return buf
 
