@@ -5,9 +5,10 @@
 //     r. Each block owns a contiguous chunk of tokens and counts the tokens before it itself (no block waits on
 //     another, so nothing depends on the order blocks are scheduled in), then ranks its own chunk with ballots.
 //     The (rank, slot) list of each token goes into the routing record for combine.
-//  2. copy: warps copy row pieces, loading each source vector once and storing it to every target rank. Rows
-//     smaller than one warp store (the top-k ids and weights, block scales) go a group of tokens per warp, so
-//     that consecutive slots of a target are written by one store instruction instead of a short write each.
+//  2. copy: warps copy row pieces, loading each source vector once and storing it to every target rank, beginning
+//     with the first rank after this one (FirstRouteAfterOwn). Rows smaller than one warp store (the top-k ids and
+//     weights, block scales) go a group of tokens per warp, so that consecutive slots of a target are written by one
+//     store instruction instead of a short write each.
 //  3. every block tells every rank, with one system-scope release add, that it has arrived and how many of its tokens
 //     it sent there; the last block to finish (by a completion counter, not by block index) then waits — bounded —
 //     until every peer's blocks have all arrived, and clears its arrival words for the next dispatch.
@@ -111,7 +112,8 @@ __device__ __forceinline__ void CopyPiece(const DispatchParams& p, const int32_t
   int32_t entry;
   const int num_targets = LoadRoutes(p, routing, t, lane, entry);
   const int64_t src_block = static_cast<int64_t>(p.ranks.ep_rank) * p.runtime_max;
-  for (int j = 0; j < num_targets; ++j) {
+  int j = FirstRouteAfterOwn(entry, num_targets, p.ranks, lane);
+  for (int i = 0; i < num_targets; ++i, j = NextRoute(j, num_targets)) {
     const int32_t e = __shfl_sync(0xffffffffu, entry, j);
     const int rank = RouteRank(e);
     const int64_t slot = RouteSlot(e);

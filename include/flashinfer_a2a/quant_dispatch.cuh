@@ -319,7 +319,8 @@ __device__ __forceinline__ void StorePiece(const DispatchQuant& q, const Ranks& 
                                            const LaneQuant (&lq)[kQuantRounds], uint32_t scales, int32_t entry,
                                            int num_targets, int lane) {
   const int64_t src_block = static_cast<int64_t>(ranks.ep_rank) * runtime_max;
-  for (int j = 0; j < num_targets; ++j) {
+  int j = FirstRouteAfterOwn(entry, num_targets, ranks, lane);
+  for (int i = 0; i < num_targets; ++i, j = NextRoute(j, num_targets)) {
     const int32_t e = __shfl_sync(0xffffffffu, entry, j);
     const int64_t slot = RouteSlot(e);
     StorePieceRow<F, kWhole>(q, ranks.Base(RouteRank(e)), ranks.ep_rank, src_block + slot, slot, piece, lq, scales,
