@@ -177,7 +177,7 @@ __device__ __forceinline__ int CountRoutes(int32_t entry, int ep_size, int runti
 // links then take them while the others' wait; starting after itself, each rank heads for another one. 4 H100s,
 // dispatch then combine of the slowest rank: 128 tokens 47.9 -> 44.7 us, 1024 tokens 258.1 -> 253.4, the FP8 and
 // NVFP4 dispatches 0.4-1.8 us faster at 128 tokens; 16, 64 and 8192 tokens unchanged. With two ranks there is one
-// peer, and the own rows first stayed faster (0.3-0.5 us at 16 and 128 tokens).
+// peer, and rank order (rank 0's own rows before its peer's) stayed faster (0.3-0.5 us at 16 and 128 tokens).
 __device__ __forceinline__ int FirstRouteAfterOwn(int32_t entry, int count, const Ranks& ranks, int lane) {
   if (ranks.ep_size <= 2) return 0;
   const int up_to_own = __popc(__ballot_sync(0xffffffffu, lane < count && RouteRank(entry) <= ranks.ep_rank));
