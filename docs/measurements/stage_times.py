@@ -103,7 +103,8 @@ COMBINE = ["start", "epoch", "publish", "peers", "pull"]
 
 def stamped_copy(dest: pathlib.Path) -> None:
     for part in ("flashinfer_a2a", "include", "csrc"):
-        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+        # Without prebuilt libraries (_aot/), which would load in place of the stamped build.
+        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "_aot"))
     headers = dest / "include" / "flashinfer_a2a"
     # An edit is a replacement of its anchor by the anchor with the stamps around it.
     edits = [(name, anchor, before + anchor + after) for name, anchor, before, after in EDITS] + REPLACE
@@ -114,6 +115,18 @@ def stamped_copy(dest: pathlib.Path) -> None:
             raise SystemExit(f"{name}: {text.strip()[:60]!r} occurs {source.count(text)} times; the kernels changed "
                              "since this script was written")
         path.write_text(source.replace(text, replacement))
+
+
+def copy_env(copy: pathlib.Path, environ) -> dict[str, str]:
+    """The environment the stamped copy runs in: its package first on the path, a build cache of its own, and no
+    setting that would load a prebuilt library in place of the stamped build (it would stamp nothing) or refuse to
+    build it."""
+    env = dict(environ, PYTHONPATH=f"{copy}{os.pathsep}{environ.get('PYTHONPATH', '')}",
+               FLASHINFER_A2A_CACHE_DIR=str(copy / "cache"))
+    for name in ("FLASHINFER_A2A_AOT_DIR", "FLASHINFER_A2A_DISABLE_JIT"):
+        if env.pop(name, None) is not None:
+            print(f"stage_times: {name} ignored (the stamped copy is built from source)", file=sys.stderr)
+    return env
 
 
 def measure(sess, ranks: int, tokens: int, steps: int = 30, replays: int = 20) -> None:
@@ -228,7 +241,6 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         copy = pathlib.Path(tmp)
         stamped_copy(copy)
-        env = dict(os.environ, PYTHONPATH=f"{copy}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                   FLASHINFER_A2A_CACHE_DIR=str(copy / "cache"))
+        env = copy_env(copy, os.environ)
         sys.exit(subprocess.call([sys.executable, str(pathlib.Path(__file__).resolve()), "--run", *sys.argv[1:]],
                                  cwd=tmp, env=env))
