@@ -58,10 +58,8 @@ def test_the_stamped_copy_is_built_even_where_a_prebuilt_library_is_named(stage_
 def test_the_stamped_kernels_compile(stage_times, tmp_path, unit):
     copy = tmp_path / "copy"
     stage_times.stamped_copy(copy)
-    # The copy's own headers and sources, then the package's third-party include directories (tvm-ffi, CUTLASS).
-    includes = [copy / "include", copy / "csrc", *toolchain.default_include_dirs()[2:]]
-    cmd = ["nvcc", "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-DNDEBUG",
-           "-gencode=arch=compute_90a,code=sm_90a", *(f"-I{d}" for d in includes),
-           "-c", str(copy / "csrc" / unit), "-o", str(tmp_path / "unit.o")]
+    # The library's own flags, the copy's headers and sources ahead of the package's.
+    flags = toolchain.cuda_cflags(["9.0a"], [copy / "include", copy / "csrc"], [])
+    cmd = ["nvcc", *flags, "-c", str(copy / "csrc" / unit), "-o", str(tmp_path / "unit.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
