@@ -12,7 +12,7 @@ from .agreement import check_agreement, construction_record
 from .comm import as_communicator
 from .library import sizing
 from .library.checks import check_combine_tensors
-from .library.combine_mode import pushed_wires
+from .library.combine_mode import default_push_combine, pushed_wires
 from .library.wire_formats import check_combine_format, wire_format
 from .transports.base import Transport
 from .transports.hierarchical import HierarchicalTransport, check_transport_choice
@@ -52,8 +52,11 @@ class MoeAlltoAll:
             combine bytes per token): with every rank on a GPU of its own, :meth:`combine` then stores each partial
             into its owner's workspace and the owner sums the rows as they land (stores cross NVLink faster than
             loads), instead of every owner pulling the partials after all ranks published them; from 4096 tokens
-            per rank only (``runtime_max``), where that is the faster one (2-3% at 4096-8192 on 2 GPUs); below, the
-            combine stays pulled (docs/benchmarks.md).
+            per rank only (``runtime_max``), where that is the faster one (1.5-3% at 4096-8192 on 2 and 4 GPUs);
+            below, the combine stays pulled (docs/benchmarks.md). None (default): True on the nvlink transport
+            when ``max_num_tokens`` is 4096 or more and the combine bytes are derived (no
+            ``combine_bytes_per_token``), else False; pass False to keep the smaller workspace (the combine then
+            always pulls). Ranks sharing a GPU pull whatever the room.
             These two arguments alone choose the pushed combine (see :meth:`combine_mode`); a large
             ``combine_bytes_per_token`` never does.
         dispatch_bytes_per_token, combine_bytes_per_token: explicit sizes instead of those the arguments above derive
@@ -99,7 +102,7 @@ class MoeAlltoAll:
         dispatch_format: Optional[str] = None,
         swizzled_scales: bool = False,
         combine_format: Optional[str] = None,
-        push_combine: bool = False,
+        push_combine: Optional[bool] = None,
         dispatch_bytes_per_token: Optional[int] = None,
         combine_bytes_per_token: Optional[int] = None,
         device: Optional[int | str] = None,
@@ -134,6 +137,9 @@ class MoeAlltoAll:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+        if push_combine is not None and not isinstance(push_combine, bool):
+            raise ValueError(f"push_combine must be None (decided by max_num_tokens and the transport), True or "
+                             f"False, got {push_combine!r}")
         # Read once, before any allocation: reading the environment would cost every eager call host time (about
         # 1 us a variable that is not set).
         self._timeout_s, self._debug = _config.timeout_s(), _config.debug()
@@ -144,20 +150,24 @@ class MoeAlltoAll:
             dispatch_bytes_per_token = extra + sizing.hidden_bytes_per_token(hidden_size, dtype, dispatch_format,
                                                                              max_num_tokens, swizzled_scales)
         check_combine_format(combine_format)  # checked even when unused
-        if combine_bytes_per_token is None:
-            combine_bytes_per_token = sizing.combine_bytes_per_token(hidden_size, dtype, combine_format, push_combine)
-        elif hidden_size is not None and (push_combine or combine_format is not None):
-            needed = sizing.combine_bytes_per_token(hidden_size, dtype, combine_format, push_combine)
+        pushed = push_combine or combine_format is not None
+        if combine_bytes_per_token is not None and hidden_size is not None and pushed:
+            needed = sizing.combine_bytes_per_token(hidden_size, dtype, combine_format, bool(push_combine))
             if combine_bytes_per_token < needed:
                 raise ValueError(f"combine_bytes_per_token={combine_bytes_per_token} is too small for the pushed "
                                  f"combine that push_combine={push_combine}, combine_format={combine_format!r} ask "
                                  f"for: hidden_size={hidden_size} x {dtype} needs >= {needed}")
+        # After every argument check (collective for "auto"): the default push_combine depends on the transport.
+        self.transport = resolve_transport(self.comm, transport, device)
+        if push_combine is None:
+            push_combine = combine_bytes_per_token is None and default_push_combine(max_num_tokens, self.transport)
+        if combine_bytes_per_token is None:
+            combine_bytes_per_token = sizing.combine_bytes_per_token(hidden_size, dtype, combine_format, push_combine)
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
         #: what this layer needs; ``config`` is the shared workspace's (at least this in every size)
         self.requested = F.WorkspaceConfig(ep_size=self.comm.size, max_num_tokens=max_num_tokens,
                                            dispatch_bytes_per_token=dispatch_bytes_per_token,
                                            combine_bytes_per_token=combine_bytes_per_token, top_k=top_k)
-        self.transport = resolve_transport(self.comm, transport, device)
         self._transport: Transport
         if self.transport == "nccl":  # no workspace: every call goes to the process group's collectives
             if comm_stream is not None and comm_stream is not False:

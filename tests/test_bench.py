@@ -85,9 +85,9 @@ def test_quant_formats_and_their_row_bytes():
     assert bench_args.parse_args(["--quant", "none"]).quant_formats == ()
     assert bench_args.parse_args(["--quant", "nvfp4,fp8_block"]).quant_formats == ("nvfp4", "fp8_block")
     names = [v.name for v in variants(a, torch.bfloat16)]
-    assert names == ["a2a", "a2a-push", "fp8-fused", "fp8-pre", "mxfp8-fused", "mxfp8-pre", "nvfp4-fused",
+    assert names == ["a2a", "a2a-pull", "fp8-fused", "fp8-pre", "mxfp8-fused", "mxfp8-pre", "nvfp4-fused",
                      "nvfp4-pre"]
-    assert [v.name for v in variants(a, torch.float32)] == ["a2a", "a2a-push"]  # quantization takes bf16|fp16
+    assert [v.name for v in variants(a, torch.float32)] == ["a2a", "a2a-pull"]  # quantization takes bf16|fp16
     assert [v.name for v in variants(a, torch.float32, simulated=True)] == ["a2a"]  # simulated ranks always pull
     ids_weights = 8 * (4 + 4)
     # FP8: 7168 values + 56 fp32 scales; MXFP8: 7168 + 224 UE8M0; NVFP4: 3584 packed + 448 UE4M3.
@@ -96,7 +96,7 @@ def test_quant_formats_and_their_row_bytes():
     assert dispatch_row_bytes(a, torch.bfloat16, Variant("fused", "nvfp4")) == 3584 + 448 + ids_weights
     assert combine_row_bytes(a, torch.bfloat16, Variant("fused", "nvfp4")) == 7168 + 56 * 4  # the FP8 wire
     assert combine_row_bytes(a, torch.bfloat16, Variant("pre", "nvfp4")) == 7168 * 2
-    assert combine_row_bytes(a, torch.bfloat16, Variant("push")) == 7168 * 2
+    assert combine_row_bytes(a, torch.bfloat16, Variant("pull")) == 7168 * 2
 
 
 def test_summarize_by_hand():
@@ -131,14 +131,14 @@ def test_derived_columns():
     assert case["summary"] == {"pair_speedup_vs_nccl_a2a_graph": 3.0, "eager_overhead_us_per_call": 0.0}
 
 
-def test_push_over_pull_combine():
+def test_default_over_pulled_combine():
     case = _case()
-    pushed = {p: dict(s, max_rank=s["max_rank"] * (0.8 if p == "combine" else 1))
+    pulled = {p: dict(s, max_rank=s["max_rank"] * (1.25 if p == "combine" else 1))
               for p, s in case["impls"]["a2a"]["graph"].items() if p in ("dispatch", "combine", "pair")}
-    case["impls"]["a2a-push"] = {"graph": pushed}
+    case["impls"]["a2a-pull"] = {"graph": pulled}
     add_derived(case)
-    assert case["summary"]["push_combine_speedup_graph"] == 1.25  # 20 us pulled against 16 us pushed
-    assert "push_combine_speedup_eager" not in case["summary"]  # no eager a2a-push row
+    assert case["summary"]["combine_speedup_vs_pulled_graph"] == 1.25  # 25 us pulled against 20 us by default
+    assert "combine_speedup_vs_pulled_eager" not in case["summary"]  # no eager a2a-pull row
 
 
 def test_derived_columns_of_the_quantized_rows():

@@ -3,6 +3,7 @@
 import pytest
 
 from flashinfer_a2a import MoeAlltoAll
+from flashinfer_a2a.library.combine_mode import PUSH_MIN_TOKENS
 
 
 class _OneRank:
@@ -44,6 +45,8 @@ class _OneRank:
          "combine_bytes_per_token=200 is too small .* needs >= 208"),
         (dict(max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, combine_format="mxfp8"),
          "combine_format must be None or 'fp8_block', got 'mxfp8'"),
+        (dict(max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, push_combine="yes"),
+         "push_combine must be None .* True or False, got 'yes'"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, message):
@@ -68,6 +71,27 @@ def test_group_must_be_a_communicator():
     ],
 )
 def test_combine_row_sizing(monkeypatch, kwargs, combine_bytes):
+    assert _combine_bytes(monkeypatch, 8, "nvlink", kwargs) == combine_bytes
+
+
+@pytest.mark.parametrize(
+    "max_tokens, transport, kwargs, combine_bytes",
+    [
+        (PUSH_MIN_TOKENS, "nvlink", dict(), 2 * 64 * 2),  # the push is the faster combine from there: room for it
+        (PUSH_MIN_TOKENS - 1, "nvlink", dict(), 64 * 2),  # it would never push
+        (PUSH_MIN_TOKENS, "nccl", dict(), 64 * 2),  # no pushed combine over these
+        (PUSH_MIN_TOKENS, "hierarchical", dict(), 64 * 2),
+        (PUSH_MIN_TOKENS, "nvlink", dict(push_combine=False), 64 * 2),  # the smaller workspace, always pulled
+        (PUSH_MIN_TOKENS, "nvlink", dict(combine_format="fp8_block"), 2 * 64 * 2),  # room for both wires
+        (PUSH_MIN_TOKENS, "nvlink", dict(combine_bytes_per_token=130), 130),  # explicit sizes: pulled
+    ],
+)
+def test_default_push_combine_sizing(monkeypatch, max_tokens, transport, kwargs, combine_bytes):
+    assert _combine_bytes(monkeypatch, max_tokens, transport, kwargs) == combine_bytes
+
+
+def _combine_bytes(monkeypatch, max_tokens, transport, kwargs):
+    """The combine bytes per token MoeAlltoAll asks for, with `transport` as what "auto" resolved to."""
     from flashinfer_a2a import moe_alltoall
 
     class Sized(Exception):
@@ -77,6 +101,7 @@ def test_combine_row_sizing(monkeypatch, kwargs, combine_bytes):
         raise Sized(combine_bytes_per_token)
 
     monkeypatch.setattr(moe_alltoall.F, "WorkspaceConfig", config)
+    monkeypatch.setattr(moe_alltoall, "resolve_transport", lambda comm, chosen, device: transport)
     with pytest.raises(Sized) as sized:
-        MoeAlltoAll(_OneRank(), max_num_tokens=8, top_k=2, num_experts=4, hidden_size=64, **kwargs)
-    assert sized.value.args == (combine_bytes,)
+        MoeAlltoAll(_OneRank(), max_num_tokens=max_tokens, top_k=2, num_experts=4, hidden_size=64, **kwargs)
+    return sized.value.args[0]

@@ -128,7 +128,7 @@ def test_bench_transport_flag():
     assert nccl.transport == "nccl"
     names = [v.name for v in variants(nccl, torch.bfloat16)]
     assert names == ["a2a", "fp8-fused", "fp8-pre"]  # no pushed combine over NCCL
-    assert "a2a-push" in [v.name for v in variants(bench_args.parse_args(["--quant", "none"]), torch.bfloat16)]
+    assert "a2a-pull" in [v.name for v in variants(bench_args.parse_args(["--quant", "none"]), torch.bfloat16)]
     with pytest.raises(SystemExit):
         bench_args.parse_args(["--transport", "rdma"])
 

@@ -2,9 +2,10 @@
 
 - ``a2a``: this package as ``MoeAlltoAll`` builds it by default. Dispatch sends the hidden states (and, unless
   ``--hidden-only``, the top-k ids and weights); combine is the zero-copy one (the expert outputs already sit in the
-  combine input), pulled.
-- ``a2a-push`` (every rank on a GPU of its own): the same with a workspace sized with ``push_combine=True``, so the
-  combine is pushed from 4096 tokens per rank.
+  combine input): pulled, or pushed from 4096 tokens per rank where every rank has a GPU of its own and the
+  workspace is sized for as many (``push_combine``'s default).
+- ``a2a-pull`` (every rank on a GPU of its own): the same with a workspace built with ``push_combine=False``, so the
+  combine is pulled at every size.
 - ``<format>-fused`` (``--quant``): dispatch quantizes the bf16|fp16 hidden states into the format while sending
   them; combine sends the partials over the FP8 wire, pushed from 4096 tokens per rank where every rank has a GPU
   of its own (the workspace is sized with ``combine_format="fp8_block"``), pulled below and between simulated
@@ -62,8 +63,8 @@ class Case:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """What one row of ours times: ``plain`` (the hidden states as they are), ``push`` (the same, the combine
-    pushed), ``fused`` (quantized into ``fmt`` by dispatch; FP8-wire combine) or ``pre`` (the same hidden states
+    """What one row of ours times: ``plain`` (the hidden states as they are), ``pull`` (the same, the combine
+    always pulled), ``fused`` (quantized into ``fmt`` by dispatch; FP8-wire combine) or ``pre`` (the same hidden states
     pre-quantized into ``fmt``; bf16 combine)."""
 
     kind: str = "plain"
@@ -80,12 +81,12 @@ class Variant:
 
 
 def variants(args: BenchArgs, dtype: torch.dtype, simulated: bool = False) -> list[Variant]:
-    """Plain (and, with a GPU per rank, plain with the combine pushed), then fused and pre for each ``--quant``
-    format (quantization takes bf16|fp16 hidden states), then plain under each ``--num-sms`` budget."""
+    """Plain (and, with a GPU per rank, plain with the combine always pulled), then fused and pre for each
+    ``--quant`` format (quantization takes bf16|fp16 hidden states), then plain under each ``--num-sms`` budget."""
     quantizable = dtype in (torch.bfloat16, torch.float16)
-    push = not simulated and args.transport == "nvlink"  # the nccl transport has no pushed combine
+    pull = not simulated and args.transport == "nvlink"  # simulated ranks and the nccl transport never push
     budgets = [Variant(num_sms=n) for n in args.num_sms] if args.transport == "nvlink" else []
-    return ([Variant()] + budgets + ([Variant("push")] if push else []) +
+    return ([Variant()] + budgets + ([Variant("pull")] if pull else []) +
             [Variant(kind, fmt) for fmt in (args.quant_formats if quantizable else ()) for kind in ("fused", "pre")])
 
 
@@ -160,7 +161,7 @@ class A2A:
                                    extra_dispatch_bytes_per_token=routing_payload_bytes(args),
                                    dispatch_format=variant.fmt,
                                    combine_format="fp8_block" if variant.kind == "fused" else None,
-                                   push_combine=variant.kind == "push",
+                                   push_combine=False if variant.kind == "pull" else None,
                                    device=session.device.index, num_sms=variant.num_sms or None)
             self.sim = None
 

@@ -40,9 +40,9 @@ def add_derived(case: dict[str, Any]) -> None:
             summary[f"pair_speedup_vs_nccl_a2a_{mode}"] = nccl["pair"]["max_rank"] / stats["pair"]["max_rank"]
         if "pair" in stats and "floor_us" in case:
             summary[f"pair_over_floor_{mode}"] = stats["pair"]["max_rank"] / case["floor_us"]
-        pushed = case["impls"].get("a2a-push", {}).get(mode, {})
-        if "combine" in stats and "combine" in pushed:
-            summary[f"push_combine_speedup_{mode}"] = stats["combine"]["max_rank"] / pushed["combine"]["max_rank"]
+        pulled = case["impls"].get("a2a-pull", {}).get(mode, {})
+        if "combine" in stats and "combine" in pulled:
+            summary[f"combine_speedup_vs_pulled_{mode}"] = pulled["combine"]["max_rank"] / stats["combine"]["max_rank"]
     if "pair" in ours.get("graph", {}) and "pair" in ours.get("eager", {}):
         summary["eager_overhead_us_per_call"] = (ours["eager"]["pair"]["max_rank"]
                                                  - ours["graph"]["pair"]["max_rank"]) / len(PHASES)

@@ -62,6 +62,13 @@ def chosen_mode(quant_format: Optional[str], pushed: frozenset, one_gpu_per_rank
     return "push" if runtime_max >= PUSH_MIN_TOKENS else "pull"
 
 
+def default_push_combine(max_num_tokens: int, transport: str) -> bool:
+    """What ``MoeAlltoAll(push_combine=None)`` (the default) takes: room for the pushed combine of plain partials on
+    the nvlink transport when the layer may dispatch PUSH_MIN_TOKENS tokens per rank or more, where pushing is the
+    faster combine; below, it would never push, and the room would be wasted."""
+    return transport == "nvlink" and max_num_tokens >= PUSH_MIN_TOKENS
+
+
 def pushed_wires(push_combine: bool, combine_format: Optional[str]) -> frozenset:
     """The combine wires (None: the partials' dtype, ``"fp8_block"``) a MoeAlltoAll built with these arguments
     pushes when every rank has a GPU of its own: ``push_combine`` sizes room for both, ``combine_format`` for its

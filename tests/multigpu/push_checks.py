@@ -1,6 +1,7 @@
 """Checks of the pushed combine across processes (run by worker.py): plain rows and the FP8 wire landed in their
 owners' workspaces, summed as they land, under CUDA-graph replay, and with a rank that never combines; a workspace
-sized for the pull, or with room nobody asked to push into, never pushes."""
+sized for the pull, or with room nobody asked to push into, never pushes; a default one pushes where that is the
+faster combine."""
 
 from __future__ import annotations
 
@@ -170,6 +171,40 @@ def _check_pulls(comm, a2a, hidden):
         combine_partials(a2a, comm, want, tokens[0], hidden, torch.bfloat16, seed + 10 * i + 1, zero_copy=zero_copy,
                          quant_format=wire)
         assert not _push_flags(a2a, rank).any(), f"a pulled workspace's combine pushed ({wire}, zero copy {zero_copy})"
+    a2a.destroy()
+
+
+def check_default_push(group, comm):
+    """MoeAlltoAll's default: a layer of PUSH_MIN_TOKENS tokens per rank gets room for the pushed combine and pushes
+    a combine of that runtime_max (the landed rows flagged, the output bitwise the reference), pulls one below it,
+    and push_combine=False keeps the pull-sized workspace."""
+    rank, n = comm.rank, comm.size
+    top_k, hidden, max_tokens = 4, 256, combine_mode_rules.PUSH_MIN_TOKENS
+    row = hidden * 2
+    a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * n, hidden_size=hidden)
+    pulled = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * n, hidden_size=hidden,
+                         push_combine=False, namespace="pulled")
+    if SHARED_GPU:
+        a2a._transport.allocation.one_gpu_per_rank = True  # as _pushing: only the construction may choose the mode
+        pulled._transport.allocation.one_gpu_per_rank = True
+    assert a2a.requested.combine_bytes_per_token == 2 * row and pulled.requested.combine_bytes_per_token == row
+    assert a2a.combine_mode(None, max_tokens) == "push" and a2a.combine_mode(None, max_tokens - 1) == "pull"
+    assert pulled.combine_mode(None, max_tokens) == "pull"
+    seed = shared_seed(comm)
+    for i, (layer, runtime_max, mode) in enumerate(((a2a, max_tokens, "push"), (a2a, 64, "pull"),
+                                                    (pulled, max_tokens, "pull"))):
+        tokens = [48 + 5 * r for r in range(n)]
+        ids, xs, _ = make_inputs(n, tokens, top_k, hidden, 16 * n, seed + 10 * i)
+        xs = [x.to(torch.bfloat16) for x in xs]
+        before = _push_flags(layer, rank)  # before the dispatch: once a peer has it, that peer may push here
+        layer.dispatch(ids[rank].cuda(), [xs[rank].cuda()], runtime_max)
+        want = ref.reference_dispatch(ids, [[x] for x in xs], 16 * n, runtime_max)
+        combine_partials(layer, comm, want, runtime_max, hidden, torch.bfloat16, seed + 10 * i + 1,
+                         zero_copy=i == 0)
+        flagged = not torch.equal(_push_flags(layer, rank), before)
+        if n > 1 and any(int(want.recv_counts[src][rank]) for src in range(n) if src != rank):
+            assert flagged == (mode == "push"), f"combine {i} should {mode}"
+    pulled.destroy()
     a2a.destroy()
 
 

@@ -47,8 +47,8 @@ def _launch_module(module: str, nproc: int, args: list[str], timeout: int = 600,
     return out
 
 
-CHECKS = ["correctness", "quantized", "push", "pull_without_room", "push_missing_rank", "graph", "compile",
-          "interleaved", "comm_stream", "lifecycle", "misuse", "missing_rank"]
+CHECKS = ["correctness", "quantized", "push", "pull_without_room", "default_push", "push_missing_rank", "graph",
+          "compile", "interleaved", "comm_stream", "lifecycle", "misuse", "missing_rank"]
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 def test_push_on_one_gpu(launcher, nproc):
     """Two ranks under both launchers; three under torchrun (each pushes to two owners, their rows interleaved, and
     waits on rows from two peers)."""
-    checks = ["push", "pull_without_room", "push_missing_rank"]
+    checks = ["push", "pull_without_room", "default_push", "push_missing_rank"]
     out = _launch(launcher, nproc, checks, extra_env={"FLASHINFER_A2A_TEST_SHARED_GPU": "1"})
     for check in checks:
         for rank in range(nproc):

@@ -20,7 +20,7 @@ from flashinfer_a2a.moe_alltoall import MoeAlltoAll
 
 from .common import bootstrap, combine_partials, expect_timeout, make_inputs, shared_seed
 from .overlap_checks import check_comm_stream  # noqa: F401 (by name)
-from .push_checks import check_pull_without_room, check_push, check_push_missing_rank  # noqa: F401 (by name)
+from .push_checks import check_default_push, check_pull_without_room, check_push, check_push_missing_rank  # noqa: F401
 from .push_checks import pushed_at_every_size
 from .randomized import check_randomized  # noqa: F401 (by name)
 
