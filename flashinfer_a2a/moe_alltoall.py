@@ -45,16 +45,17 @@ class MoeAlltoAll:
         swizzled_scales: size for scales received in the 128x4-tile layout (its padding to 128 rows).
         combine_format: ``"fp8_block"`` sizes the combine region for the pushed FP8-wire combine (see
             :func:`flashinfer_a2a.library.wire_formats.push_combine_bytes_per_token`): with every rank on a GPU of its
-            own, ``combine(quant_format="fp8_block")`` of 4096 tokens per rank or more then lands the FP8 rows in
-            their owners' workspaces while the owners sum the rows already there, instead of quantizing first and
-            pulling after (which is the faster below; see :meth:`combine_mode`).
+            own, ``combine(quant_format="fp8_block")`` of 2048 tokens per rank or more (128 on three ranks or more)
+            then lands the FP8 rows in their owners' workspaces while the owners sum the rows already there, instead
+            of quantizing first and pulling after (which is the faster below; see :meth:`combine_mode`).
         push_combine: size the combine region for the pushed combine of plain ``dtype`` partials too (twice the
             combine bytes per token): with every rank on a GPU of its own, :meth:`combine` then stores each partial
             into its owner's workspace and the owner sums the rows as they land (stores cross NVLink faster than
             loads), instead of every owner pulling the partials after all ranks published them; from 4096 tokens
-            per rank only (``runtime_max``), where that is the faster one (1.5-3% at 4096-8192 on 2 and 4 GPUs);
-            below, the combine stays pulled (docs/benchmarks.md). None (default): True on the nvlink transport
-            when ``max_num_tokens`` is 4096 or more and the combine bytes are derived (no
+            per rank only (``runtime_max``; 2048 on three ranks or more), where that is the faster one (2-3% at
+            4096-8192 tokens on 2 GPUs, 2-3% at 2048-8192 on 4); below, the combine stays pulled
+            (:func:`flashinfer_a2a.library.combine_mode.push_min_tokens`, docs/benchmarks.md). None (default): True
+            on the nvlink transport when ``max_num_tokens`` reaches that size and the combine bytes are derived (no
             ``combine_bytes_per_token``), else False; pass False to keep the smaller workspace (the combine then
             always pulls). Ranks sharing a GPU pull whatever the room.
             These two arguments alone choose the pushed combine (see :meth:`combine_mode`); a large
@@ -160,7 +161,8 @@ class MoeAlltoAll:
         # After every argument check (collective for "auto"): the default push_combine depends on the transport.
         self.transport = resolve_transport(self.comm, transport, device)
         if push_combine is None:
-            push_combine = combine_bytes_per_token is None and default_push_combine(max_num_tokens, self.transport)
+            push_combine = (combine_bytes_per_token is None
+                            and default_push_combine(max_num_tokens, self.comm.size, self.transport))
         if combine_bytes_per_token is None:
             combine_bytes_per_token = sizing.combine_bytes_per_token(hidden_size, dtype, combine_format, push_combine)
         self.hidden_size, self.dtype, self.num_experts = hidden_size, dtype, num_experts
@@ -246,8 +248,8 @@ class MoeAlltoAll:
         ``runtime_max`` tokens per rank (default: the pending dispatch's, else ``max_num_tokens``) moves the
         partials. Pushed where the construction asked for it (``push_combine``, or ``combine_format`` equal to
         ``quant_format``) and every rank has a GPU of its own (ranks sharing one always pull), and only from
-        :data:`flashinfer_a2a.library.combine_mode.PUSH_MIN_TOKENS` (4096) tokens per rank, below which the pulled
-        combine is the faster one (over either wire)."""
+        :func:`flashinfer_a2a.library.combine_mode.push_min_tokens` tokens per rank (plain partials: 4096 on two
+        ranks, 2048 on more; the FP8 wire: 2048 and 128), below which the pulled combine is the faster one."""
         return self._transport.combine_mode(quant_format, runtime_max)
 
     def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,

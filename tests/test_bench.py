@@ -12,6 +12,7 @@ import torch
 from flashinfer_a2a.bench import args as bench_args
 from flashinfer_a2a.bench import timing
 from flashinfer_a2a.bench.impls import Variant, combine_row_bytes, dispatch_row_bytes, variants
+from flashinfer_a2a.bench.main import failed_rows
 from flashinfer_a2a.bench.report import add_derived, format_table, write_json, write_plot
 from flashinfer_a2a.bench.timing import summarize
 from flashinfer_a2a.bench.traffic import count_rows, gbps
@@ -173,6 +174,25 @@ def test_table_json_and_plot(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["cases"][0]["tokens"] == 128
     assert write_plot(str(tmp_path / "r.png"), meta, cases) is None
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eager_only_rows_write_no_plot(tmp_path):
+    """With no graph-mode row (--mode eager) there is nothing to plot: a reason, not an exception."""
+    meta = {"model": "deepseek-v3", "shape": {"hidden": 7168, "num_experts": 256, "top_k": 8}, "ep_size": 2,
+            "gpu": "test GPU"}
+    case = _case()
+    for modes in case["impls"].values():
+        modes.pop("graph")
+    why_not = write_plot(str(tmp_path / "r.png"), meta, [case])
+    assert why_not is not None and "no CUDA-graph rows" in why_not
+    assert not (tmp_path / "r.png").exists()
+
+
+def test_failed_rows_are_listed():
+    case = _case()
+    assert failed_rows([case]) == ["128 nccl_a2a eager: eager run failed: boom"]
+    case["impls"]["nccl_a2a"]["eager"] = case["impls"]["a2a"]["eager"]
+    assert failed_rows([case]) == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")

@@ -13,7 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashinfer_a2a as fa
 from flashinfer_a2a.library import constants
-from flashinfer_a2a.library.combine_mode import COMBINE_MODES, PUSH_MIN_TOKENS, combine_mode_code, pushed_wires
+from flashinfer_a2a.library.combine_mode import (COMBINE_MODES, combine_mode_code, default_push_combine,
+                                                 push_min_tokens, pushed_wires)
 from flashinfer_a2a.functional import empty_workspace
 from flashinfer_a2a.moe_alltoall import MoeAlltoAll
 from flashinfer_a2a.transports.nvlink import NvlinkTransport
@@ -90,21 +91,34 @@ def test_functional_combine_refuses_an_unknown_mode_before_any_launch():
     (True, None, False, {None: "pull", "fp8_block": "pull"}),  # ranks sharing a GPU always pull
     (False, "fp8_block", False, {None: "pull", "fp8_block": "pull"}),
 ])
-def test_moe_alltoall_pushes_only_where_asked(push_combine, combine_format, one_gpu_per_rank, want):
+@pytest.mark.parametrize("ep_size", [2, 4])
+def test_moe_alltoall_pushes_only_where_asked(push_combine, combine_format, one_gpu_per_rank, want, ep_size):
     a2a = MoeAlltoAll.__new__(MoeAlltoAll)  # the mode needs no workspace: only the construction's choices
     a2a._transport = NvlinkTransport.__new__(NvlinkTransport)
+    a2a._transport.comm = types.SimpleNamespace(size=ep_size)
     a2a._transport.pushed_wires = pushed_wires(push_combine, combine_format)
     a2a._transport.shared = types.SimpleNamespace(allocation=types.SimpleNamespace(one_gpu_per_rank=one_gpu_per_rank),
                                                   pending=None, config=types.SimpleNamespace(max_num_tokens=8192))
     assert {wire: a2a.combine_mode(wire) for wire in want} == want
-    # Either wire is pushed from PUSH_MIN_TOKENS tokens per rank only.
-    small = {wire: a2a.combine_mode(wire, PUSH_MIN_TOKENS - 1) for wire in want}
+    # Either wire is pushed from push_min_tokens(ep_size, wire) tokens per rank only.
+    small = {wire: a2a.combine_mode(wire, push_min_tokens(ep_size, wire) - 1) for wire in want}
     assert small == {None: "pull", "fp8_block": "pull"}
-    assert {wire: a2a.combine_mode(wire, PUSH_MIN_TOKENS) for wire in want} == want
+    assert {wire: a2a.combine_mode(wire, push_min_tokens(ep_size, wire)) for wire in want} == want
     a2a._transport.shared.pending = (10, 16, None)  # a pending dispatch of runtime_max 16: its size decides
     assert a2a.combine_mode() == "pull"
     with pytest.raises(ValueError, match="combine quant_format must be None or 'fp8_block', got 'nvfp4'"):
         a2a.combine_mode("nvfp4")
+
+
+def test_push_threshold_by_ranks_and_wire():
+    """Pushing plain partials pays from 4096 tokens per rank on two ranks and from 2048 on more (pulling from several
+    peers at once is slower); over the FP8 wire from 2048 and 128. The default sizing (room for plain partials)
+    follows the plain threshold, on the nvlink transport only."""
+    assert [push_min_tokens(n) for n in (1, 2, 3, 4, 8, 72)] == [4096, 4096, 2048, 2048, 2048, 2048]
+    assert [push_min_tokens(n, "fp8_block") for n in (1, 2, 3, 4, 8, 72)] == [2048, 2048, 128, 128, 128, 128]
+    assert default_push_combine(2048, 4, "nvlink") and not default_push_combine(2047, 4, "nvlink")
+    assert not default_push_combine(2048, 2, "nvlink") and default_push_combine(4096, 2, "nvlink")
+    assert not default_push_combine(8192, 4, "nccl") and not default_push_combine(8192, 4, "hierarchical")
 
 
 @pytest.mark.parametrize("combine_bytes, refused", [(PUSH_ROOM, False), (PUSH_ROOM - 16, True)])

@@ -3,7 +3,7 @@
 import pytest
 
 from flashinfer_a2a import MoeAlltoAll
-from flashinfer_a2a.library.combine_mode import PUSH_MIN_TOKENS
+from flashinfer_a2a.library.combine_mode import push_min_tokens
 
 
 class _OneRank:
@@ -74,16 +74,19 @@ def test_combine_row_sizing(monkeypatch, kwargs, combine_bytes):
     assert _combine_bytes(monkeypatch, 8, "nvlink", kwargs) == combine_bytes
 
 
+PUSH_AT = push_min_tokens(1)  # _OneRank's layers: the threshold of plain partials on one (or two) ranks
+
+
 @pytest.mark.parametrize(
     "max_tokens, transport, kwargs, combine_bytes",
     [
-        (PUSH_MIN_TOKENS, "nvlink", dict(), 2 * 64 * 2),  # the push is the faster combine from there: room for it
-        (PUSH_MIN_TOKENS - 1, "nvlink", dict(), 64 * 2),  # it would never push
-        (PUSH_MIN_TOKENS, "nccl", dict(), 64 * 2),  # no pushed combine over these
-        (PUSH_MIN_TOKENS, "hierarchical", dict(), 64 * 2),
-        (PUSH_MIN_TOKENS, "nvlink", dict(push_combine=False), 64 * 2),  # the smaller workspace, always pulled
-        (PUSH_MIN_TOKENS, "nvlink", dict(combine_format="fp8_block"), 2 * 64 * 2),  # room for both wires
-        (PUSH_MIN_TOKENS, "nvlink", dict(combine_bytes_per_token=130), 130),  # explicit sizes: pulled
+        (PUSH_AT, "nvlink", dict(), 2 * 64 * 2),  # the push is the faster combine from there: room for it
+        (PUSH_AT - 1, "nvlink", dict(), 64 * 2),  # it would never push
+        (PUSH_AT, "nccl", dict(), 64 * 2),  # no pushed combine over these
+        (PUSH_AT, "hierarchical", dict(), 64 * 2),
+        (PUSH_AT, "nvlink", dict(push_combine=False), 64 * 2),  # the smaller workspace, always pulled
+        (PUSH_AT, "nvlink", dict(combine_format="fp8_block"), 2 * 64 * 2),  # room for both wires
+        (PUSH_AT, "nvlink", dict(combine_bytes_per_token=130), 130),  # explicit sizes: pulled
     ],
 )
 def test_default_push_combine_sizing(monkeypatch, max_tokens, transport, kwargs, combine_bytes):

@@ -2,15 +2,15 @@
 
 - ``a2a``: this package as ``MoeAlltoAll`` builds it by default. Dispatch sends the hidden states (and, unless
   ``--hidden-only``, the top-k ids and weights); combine is the zero-copy one (the expert outputs already sit in the
-  combine input): pulled, or pushed from 4096 tokens per rank where every rank has a GPU of its own and the
-  workspace is sized for as many (``push_combine``'s default).
+  combine input): pulled, or pushed from 4096 tokens per rank (2048 on three ranks or more) where every rank has a
+  GPU of its own and the workspace is sized for as many (``push_combine``'s default).
 - ``a2a-pull`` (every rank on a GPU of its own): the same with a workspace built with ``push_combine=False``, so the
   combine is pulled at every size.
 - ``<format>-fused`` (``--quant``): dispatch quantizes the bf16|fp16 hidden states into the format while sending
-  them; combine sends the partials over the FP8 wire, pushed from 4096 tokens per rank where every rank has a GPU
-  of its own (the workspace is sized with ``combine_format="fp8_block"``), pulled below and between simulated
-  ranks; from a partials tensor (a pulled zero-copy input would be quantized in place, so a replayed loop would
-  quantize its own output).
+  them; combine sends the partials over the FP8 wire, pushed from 2048 tokens per rank (128 on three ranks or more)
+  where every rank has a GPU of its own (the workspace is sized with ``combine_format="fp8_block"``), pulled below
+  and between simulated ranks; from a partials tensor (a pulled zero-copy input would be quantized in place, so a
+  replayed loop would quantize its own output).
 - ``<format>-pre``: dispatch of the same hidden states pre-quantized (values and scales as two payloads, quantized
   once outside the timing); the bf16 zero-copy combine.
 - ``nccl_a2a``: NCCL ``all_to_all_single``. Dispatch packs each (token, destination) row in destination order
@@ -218,7 +218,9 @@ class A2A:
         # receive views made once. Two bindings, as the dispatch and the combine get different SM budgets here.
         sim, num_sms, timeout = self.sim, variant.num_sms, config.timeout_or_default(None)
         counts = torch.empty(sim.ep_size, dtype=torch.int32, device=device)
-        pulled = {None: COMBINE_PULL, "fp8_block": COMBINE_PULL}  # ranks sharing a GPU always pull
+
+        def pulled(quant_format: Optional[str], runtime_max: int) -> int:
+            return COMBINE_PULL  # ranks sharing a GPU always pull
 
         def bind(sms: int) -> EagerCalls:
             return EagerCalls(sim.workspace, counts, rank, sim.config, self.num_experts, sms, False, pulled, False)

@@ -192,4 +192,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     write_json(json_path, meta, cases)
     why_not = write_plot(png_path, meta, cases)
     print(f"wrote {json_path}" + (f" and {png_path}" if why_not is None else f" (no plot: {why_not})"))
+    failed = failed_rows(cases)
+    if failed:
+        print(f"flashinfer_a2a.bench: {len(failed)} timed row(s) failed, first {failed[0]} (see the table)",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def failed_rows(cases: list[dict[str, Any]]) -> list[str]:
+    """``"<tokens> <impl> <mode>: <error>"`` for each row that set up or ran with an error."""
+    return [f"{case['tokens']} {impl} {mode}: {stats['error']}" for case in cases
+            for impl, modes in case["impls"].items() for mode, stats in modes.items() if "error" in stats]

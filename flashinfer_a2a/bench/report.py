@@ -126,6 +126,8 @@ def write_plot(path: str, meta: dict[str, Any], cases: list[dict[str, Any]]) -> 
                 for phase in PHASES:
                     panels[phase].setdefault(key, []).append((case["tokens"], stats["gbps"][phase]["remote"]))
     keys = sorted(panels["pair"])
+    if not keys:
+        return "no CUDA-graph rows to plot (the plot shows graph-mode times; run with --mode graph)"
     colours = plt.get_cmap("tab20" if len(keys) > 10 else "tab10")
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     titles = {"pair": ("dispatch + combine (us, slowest rank)", "pair latency"),

@@ -152,7 +152,8 @@ class NvlinkTransport:
         if runtime_max is None:  # the pending dispatch's, else the largest
             pending = self.shared.pending if self.shared is not None else None
             runtime_max = pending[1] if pending is not None else self.config.max_num_tokens
-        return chosen_mode(quant_format, self.pushed_wires, self.allocation.one_gpu_per_rank, runtime_max)
+        return chosen_mode(quant_format, self.pushed_wires, self.allocation.one_gpu_per_rank, self.comm.size,
+                           runtime_max)
 
     def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype,
                 timeout_s: float, quant_format: Optional[str]) -> torch.Tensor:
@@ -247,7 +248,7 @@ class NvlinkTransport:
     def _combine_code(self, quant_format: Optional[str], runtime_max: int) -> int:
         """The op's code of :meth:`combine_mode`, for an eager combine (which has checked ``quant_format``)."""
         return COMBINE_MODES[chosen_mode(quant_format, self.pushed_wires, self.allocation.one_gpu_per_rank,
-                                         runtime_max)]
+                                         self.comm.size, runtime_max)]
 
     def _eager_step(self, counts: torch.Tensor) -> bool:
         """Whether a step after the dispatch that wrote ``counts`` runs eagerly: that dispatch was eager (it wrote

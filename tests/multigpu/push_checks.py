@@ -26,10 +26,11 @@ PUSH_CASES = ((torch.bfloat16, 2048, None), (torch.float16, 1026, None), (torch.
 
 @contextlib.contextmanager
 def pushed_at_every_size(enabled: bool = True) -> Iterator[None]:
-    """Partials are pushed from PUSH_MIN_TOKENS tokens per rank only (below, pulling is faster): inside this, a
-    workspace that pushes does so at every size, so that small cases check the pushed path."""
+    """Partials are pushed from push_min_tokens(ep_size, wire) tokens per rank only (below, pulling is faster):
+    inside this, a workspace that pushes does so at every size, so that small cases check the pushed path."""
     kept = combine_mode_rules.PUSH_MIN_TOKENS
-    combine_mode_rules.PUSH_MIN_TOKENS = 0 if enabled else kept
+    if enabled:
+        combine_mode_rules.PUSH_MIN_TOKENS = {wire: (0, 0) for wire in kept}
     try:
         yield
     finally:
@@ -175,11 +176,11 @@ def _check_pulls(comm, a2a, hidden):
 
 
 def check_default_push(group, comm):
-    """MoeAlltoAll's default: a layer of PUSH_MIN_TOKENS tokens per rank gets room for the pushed combine and pushes
-    a combine of that runtime_max (the landed rows flagged, the output bitwise the reference), pulls one below it,
-    and push_combine=False keeps the pull-sized workspace."""
+    """MoeAlltoAll's default: a layer of push_min_tokens(ep_size) tokens per rank gets room for the pushed combine and
+    pushes a combine of that runtime_max (the landed rows flagged, the output bitwise the reference), pulls one
+    below it, and push_combine=False keeps the pull-sized workspace."""
     rank, n = comm.rank, comm.size
-    top_k, hidden, max_tokens = 4, 256, combine_mode_rules.PUSH_MIN_TOKENS
+    top_k, hidden, max_tokens = 4, 256, combine_mode_rules.push_min_tokens(n)
     row = hidden * 2
     a2a = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * n, hidden_size=hidden)
     pulled = MoeAlltoAll(group, max_num_tokens=max_tokens, top_k=top_k, num_experts=16 * n, hidden_size=hidden,
