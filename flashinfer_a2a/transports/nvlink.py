@@ -152,8 +152,7 @@ class NvlinkTransport:
         if runtime_max is None:  # the pending dispatch's, else the largest
             pending = self.shared.pending if self.shared is not None else None
             runtime_max = pending[1] if pending is not None else self.config.max_num_tokens
-        return chosen_mode(quant_format, self.pushed_wires, self.allocation.one_gpu_per_rank, self.comm.size,
-                           runtime_max)
+        return self._mode(quant_format, runtime_max)
 
     def combine(self, partials: Optional[torch.Tensor], out: Optional[torch.Tensor], hidden: int, dtype: torch.dtype,
                 timeout_s: float, quant_format: Optional[str]) -> torch.Tensor:
@@ -245,10 +244,14 @@ class NvlinkTransport:
                 shared.one_gpu_per_rank, self._combine_code, self.debug)
         return calls
 
+    def _mode(self, quant_format: Optional[str], runtime_max: int) -> str:
+        """:func:`chosen_mode` for this layer: its pushed wires, GPUs and ranks (``quant_format`` already checked)."""
+        return chosen_mode(quant_format, self.pushed_wires, self.allocation.one_gpu_per_rank, self.comm.size,
+                           runtime_max)
+
     def _combine_code(self, quant_format: Optional[str], runtime_max: int) -> int:
         """The op's code of :meth:`combine_mode`, for an eager combine (which has checked ``quant_format``)."""
-        return COMBINE_MODES[chosen_mode(quant_format, self.pushed_wires, self.allocation.one_gpu_per_rank,
-                                         self.comm.size, runtime_max)]
+        return COMBINE_MODES[self._mode(quant_format, runtime_max)]
 
     def _eager_step(self, counts: torch.Tensor) -> bool:
         """Whether a step after the dispatch that wrote ``counts`` runs eagerly: that dispatch was eager (it wrote
