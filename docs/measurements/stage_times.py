@@ -79,7 +79,7 @@ EDITS = [
      "  const int32_t first_entry = PrefetchRoute<kVec, kVecs>(p, first_item, threadIdx.x % 32);  // own record\n",
      "", "  if (threadIdx.x == 0 && epoch == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the epoch\n"
      "  STAMP(17);\n"),
-    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch);\n", "", "  STAMP(18);\n"),
+    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch, /*kernel_wrote_rows=*/false);\n", "", "  STAMP(18);\n"),
     ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;\n", "",
      "  STAMP(19);\n  LATEST(12);\n"),
     ("combine.cuh", "  PullItems<T, kVec, kVecs>(p, failed, first_item, item_stride, &first_entry);\n", "",

@@ -4,7 +4,7 @@
 // Two kernels, because a kernel whose blocks all spin on peers could hold every multiprocessor while a peer
 // simulated on the same GPU still needs one to publish:
 //  1. CombinePublishKernel: copies the caller's partials into this rank's combine region (skipped when the expert
-//     side wrote them there: zero copy); the last block to finish releases this rank's epoch to every peer, then
+//     side wrote them there: zero copy); the last block to finish publishes this rank's epoch to every peer, then
 //     waits (bounded) until every peer has published — after which no peer still reads this epoch's dispatch data.
 //  2. CombinePullKernel: one warp per (token, piece of hidden: 32 vectors, or 64 of 16 bytes where that spares
 //     warps a second piece, PullVecsFor); loads every source first, then adds.
@@ -43,12 +43,13 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
 }
 
 // Grid completion of a publishing kernel, after each block's stores: the last block to arrive clears the count for
-// the next combine and releases this rank's epoch to every peer (its acquire covers every block's stores). Returns
-// whether this block was that one.
-__device__ __forceinline__ bool PublishIfLastBlock(const CombineParams& p, RankMetadata* meta, uint32_t epoch) {
+// the next combine and publishes this rank's epoch to every peer, with a release where the kernel wrote rows (the
+// count's acquire covers every block's stores; PublishCombineEpoch). Returns whether this block was that one.
+__device__ __forceinline__ bool PublishIfLastBlock(const CombineParams& p, RankMetadata* meta, uint32_t epoch,
+                                                   bool kernel_wrote_rows) {
   if (!ArriveLastBlock(&meta->blocks_done)) return false;
   if (threadIdx.x == 0) meta->blocks_done = 0;
-  PublishCombineEpoch(p, epoch);
+  PublishCombineEpoch(p, epoch, kernel_wrote_rows);
   return true;
 }
 
@@ -85,7 +86,8 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
     }
   }
 
-  if (PublishIfLastBlock(p, meta, epoch) && waits) WaitCombinePeers(p, meta, epoch);
+  const bool wrote_rows = p.fp8_wire || p.input != nullptr;
+  if (PublishIfLastBlock(p, meta, epoch, wrote_rows) && waits) WaitCombinePeers(p, meta, epoch);
 }
 
 template <typename T, int kVec, int kVecs>
@@ -114,9 +116,9 @@ __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
     PullItems<T, kVec, kVecs>(p, true, first_item, item_stride);
     return;
   }
-  // The partials were written by earlier kernels: the release covers them. Every block of a small grid publishes
-  // (the same epoch), so whichever runs first gets it out with no round trip to elect it; a larger grid's first
-  // block to arrive claims the publish, so that the peers get one store each, not one per block.
+  // The partials were written by earlier kernels, so the signal is relaxed (PublishCombineEpoch). Every block of a
+  // small grid publishes (the same epoch), so whichever runs first gets it out with no round trip to elect it; a
+  // larger grid's first block to arrive claims the publish, so that the peers get one store each, not one per block.
   bool publishes = true;
   if (static_cast<int64_t>(gridDim.x) * p.ranks.ep_size > kCombinePublishAllStores) {
     __shared__ bool s_publisher;
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
     __syncthreads();
     publishes = s_publisher;
   }
-  if (publishes) PublishCombineEpoch(p, epoch);
+  if (publishes) PublishCombineEpoch(p, epoch, /*kernel_wrote_rows=*/false);
   // The barrier extends the acquires to the whole block: the peers' partials are visible to every warp. Nothing is
   // counted at the end: the next combine runs the epoch of the next dispatch.
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;
@@ -149,7 +151,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFusedFp8Kernel(const _
   }
   __shared__ float s_scales[kCombineWarps][kFp8WireMaxCols];
   QuantizeRowsFp8<T>(p, s_scales[threadIdx.x / 32]);
-  PublishIfLastBlock(p, meta, start.epoch);
+  PublishIfLastBlock(p, meta, start.epoch, /*kernel_wrote_rows=*/true);
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, start.epoch)) != 0;
   PullItemsFp8<T>(p, failed, first_item, item_stride);
 }

@@ -15,6 +15,13 @@ __device__ __forceinline__ void StoreReleaseSys(uint32_t* addr, uint32_t value) 
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
 }
 
+// A strong store at system scope that orders nothing before it: a signal that covers no store of this thread (see
+// PublishCombineEpoch). A release store waits first for MEMBAR.SYS, which on H100 costs about 1.5 us even with
+// nothing outstanding (one-way flag latency between two H100s 2.48 us with the release, 0.95 us without).
+__device__ __forceinline__ void StoreRelaxedSys(uint32_t* addr, uint32_t value) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+}
+
 __device__ __forceinline__ uint64_t LoadAcquireSys(const uint64_t* addr) {
   uint64_t value;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(addr) : "memory");

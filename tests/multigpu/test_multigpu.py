@@ -48,7 +48,7 @@ def _launch_module(module: str, nproc: int, args: list[str], timeout: int = 600,
 
 
 CHECKS = ["correctness", "quantized", "push", "pull_without_room", "default_push", "push_missing_rank", "graph",
-          "compile", "interleaved", "comm_stream", "lifecycle", "misuse", "missing_rank"]
+          "back_to_back", "compile", "interleaved", "comm_stream", "lifecycle", "misuse", "missing_rank"]
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])

@@ -146,6 +146,48 @@ def check_graph(group, comm):
     a2a.destroy()
 
 
+def check_back_to_back(group, comm):
+    """Steps one after another in one CUDA graph, with no host synchronization between them: each step's expert
+    kernel writes the zero-copy partials (its received rows times the step number) just before the combine, whose
+    signal to the peers is a relaxed store (the rows are earlier kernels' stores). Each step's output must be that
+    step's reference: a peer that read the partials before they landed would sum another step's."""
+    seed = shared_seed(comm)
+    rank, n = comm.rank, comm.size
+    steps, tokens, top_k, hidden, experts = 6, 24, 4, 1024, 8 * n
+    a2a = MoeAlltoAll(group, max_num_tokens=tokens, top_k=top_k, num_experts=experts, hidden_size=hidden)
+    gen = torch.Generator().manual_seed(seed)
+    # Finite rows (make_inputs' include NaNs, whose bits a product on the GPU need not keep as the CPU does).
+    inputs = [(make_inputs(n, [tokens] * n, top_k, hidden, experts, seed + s)[0],
+               [torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16) for _ in range(n)]) for s in range(steps)]
+    ids = [all_ids[rank].cuda() for all_ids, _ in inputs]
+    xs = [all_xs[rank].cuda() for _, all_xs in inputs]
+
+    def step(s):
+        (recv_x,), _ = a2a.dispatch(ids[s], [xs[s]])
+        a2a.combine_input().copy_((recv_x.float() * (s + 1)).to(torch.bfloat16))
+        return a2a.combine().clone()
+
+    step(0)  # loads the kernels before the capture
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outs = [step(s) for s in range(steps)]
+    expected = []
+    for s, (all_ids, all_xs) in enumerate(inputs):
+        want = ref.reference_dispatch(all_ids, [[x] for x in all_xs], experts, tokens)
+        partials = [(want.recv_payloads[r][0].float() * (s + 1)).to(torch.bfloat16) for r in range(n)]
+        expected.append(ref.reference_combine(partials, want)[rank])
+    for _ in range(3):
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        fa.check_error(a2a.workspace, rank)
+        for s, (out, want_out) in enumerate(zip(outs, expected)):
+            assert ref.bitwise_equal(out.cpu(), want_out), f"step {s} differs from its reference"
+    a2a.destroy()
+
+
 def check_compile(group, comm):
     seed = shared_seed(comm)
     a2a = MoeAlltoAll(group, max_num_tokens=48, top_k=4, num_experts=8 * comm.size, hidden_size=1024)
