@@ -79,7 +79,7 @@ EDITS = [
      "  const int32_t first_entry = PrefetchRoute<kVec, kVecs>(p, first_item, threadIdx.x % 32);  // own record\n",
      "", "  if (threadIdx.x == 0 && epoch == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the epoch\n"
      "  STAMP(17);\n"),
-    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch, /*kernel_wrote_rows=*/false);\n", "", "  STAMP(18);\n"),
+    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch);\n", "", "  STAMP(18);\n"),
     ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;\n", "",
      "  STAMP(19);\n  LATEST(12);\n"),
     ("combine.cuh", "  PullItems<T, kVec, kVecs>(p, failed, first_item, item_stride, &first_entry);\n", "",
@@ -89,8 +89,8 @@ EDITS = [
 # (header, text, replacement): where a stamp goes inside a statement (after the count that elects the waiting block,
 # in every block). Every text must occur exactly once.
 REPLACE = [
-    ("dispatch.cuh", "  if (!CountLastBlock</*kAcqRelSys=*/false>(&meta->blocks_done)) return;\n",
-     "  const bool last_block = CountLastBlock</*kAcqRelSys=*/false>(&meta->blocks_done);\n  LATEST(10);\n"
+    ("dispatch.cuh", "  if (!CountLastBlock</*kAcqRel=*/false>(&meta->blocks_done)) return;\n",
+     "  const bool last_block = CountLastBlock</*kAcqRel=*/false>(&meta->blocks_done);\n  LATEST(10);\n"
      "  if (!last_block) return;\n  STAMP(5);\n"),
 ]
 # The timeline: (label, word), times from the earliest dispatch block's start (word 8). Words 0-6 are the waiting

@@ -42,14 +42,13 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
   }
 }
 
-// Grid completion of a publishing kernel, after each block's stores: the last block to arrive clears the count for
-// the next combine and publishes this rank's epoch to every peer, with a release where the kernel wrote rows (the
-// count's acquire covers every block's stores; PublishCombineEpoch). Returns whether this block was that one.
-__device__ __forceinline__ bool PublishIfLastBlock(const CombineParams& p, RankMetadata* meta, uint32_t epoch,
-                                                   bool kernel_wrote_rows) {
+// Grid completion of a publishing kernel, after each block's stores: the last block to arrive (which then sees every
+// block's rows at GPU scope) clears the count for the next combine and publishes this rank's epoch to every peer.
+// Returns whether this block was that one.
+__device__ __forceinline__ bool PublishIfLastBlock(const CombineParams& p, RankMetadata* meta, uint32_t epoch) {
   if (!ArriveLastBlock(&meta->blocks_done)) return false;
   if (threadIdx.x == 0) meta->blocks_done = 0;
-  PublishCombineEpoch(p, epoch, kernel_wrote_rows);
+  PublishCombineEpoch(p, epoch);
   return true;
 }
 
@@ -86,8 +85,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
     }
   }
 
-  const bool wrote_rows = p.fp8_wire || p.input != nullptr;
-  if (PublishIfLastBlock(p, meta, epoch, wrote_rows) && waits) WaitCombinePeers(p, meta, epoch);
+  if (PublishIfLastBlock(p, meta, epoch) && waits) WaitCombinePeers(p, meta, epoch);
 }
 
 template <typename T, int kVec, int kVecs>
@@ -126,7 +124,7 @@ __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
     __syncthreads();
     publishes = s_publisher;
   }
-  if (publishes) PublishCombineEpoch(p, epoch, /*kernel_wrote_rows=*/false);
+  if (publishes) PublishCombineEpoch(p, epoch);
   // The barrier extends the acquires to the whole block: the peers' partials are visible to every warp. Nothing is
   // counted at the end: the next combine runs the epoch of the next dispatch.
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;
@@ -151,7 +149,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFusedFp8Kernel(const _
   }
   __shared__ float s_scales[kCombineWarps][kFp8WireMaxCols];
   QuantizeRowsFp8<T>(p, s_scales[threadIdx.x / 32]);
-  PublishIfLastBlock(p, meta, start.epoch, /*kernel_wrote_rows=*/true);
+  PublishIfLastBlock(p, meta, start.epoch);
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, start.epoch)) != 0;
   PullItemsFp8<T>(p, failed, first_item, item_stride);
 }

@@ -82,25 +82,21 @@ __device__ __forceinline__ void CopyRow(uint8_t* dst, const uint8_t* src, int64_
 }
 
 // Tells every peer that this rank's combine input for `epoch` is in place and that this rank reads no more of the
-// epoch's dispatch rows (the block's threads share the stores).
-// - kernel_wrote_rows: this kernel copied or quantized rows of that input. The signal is then a release, which
-//   waits until those stores (ordered before it by the caller's barrier or count) are performed at system scope.
-// - Otherwise every row was written, and every dispatch row read, by earlier kernels: they completed before this
-//   kernel passed WaitPriorKernels, their stores performed in this GPU's own memory, whose L2 serves every reader,
-//   the peers' loads over NVLink included; the publishing thread itself has stored nothing. The signal is then a
-//   relaxed store (as NCCL posts a step that covers no store of its own): a release would only add MEMBAR.SYS, about
-//   1.5 us on H100 with nothing outstanding. 2 H100s, pair of the slowest rank (the pulled one-kernel combine),
-//   release -> relaxed: 1 token 12.0 -> 10.6 us, 16 tokens 13.1 -> 11.6, 64 tokens 17.1 -> 15.7, 128 tokens 23.0 ->
-//   21.5, 1024 tokens 99.7 -> 98.4. One block releasing for the grid instead of every block was no faster (the cost
-//   is the barrier's own, not contention), nor was fence.release.sys (the same MEMBAR.SYS).
-__device__ __forceinline__ void PublishCombineEpoch(const CombineParams& p, uint32_t epoch, bool kernel_wrote_rows) {
+// epoch's dispatch rows (the block's threads share the stores). That input lies in this rank's own memory, whose L2
+// serves every reader, the peers' loads over NVLink included, and every row of it is performed at GPU scope by now:
+// - rows written, and dispatch rows read, by earlier kernels: they completed before this kernel passed
+//   WaitPriorKernels;
+// - rows this kernel copied or quantized: every block counted itself in with a GPU-scope release, or a grid of one
+//   block fenced (ArriveLastBlock), before the last block signals.
+// So the signal is a relaxed store, as NCCL posts a step that covers no store of its own: a release (or an
+// acquire-release count at system scope before it) adds MEMBAR.SYS, about 1.5 us on H100 with nothing outstanding.
+// 2 H100s, pair of the slowest rank (the pulled one-kernel combine), release -> relaxed: 1 token 12.0 -> 10.6 us, 16
+// tokens 13.1 -> 11.6, 64 tokens 17.1 -> 15.7, 128 tokens 23.0 -> 21.5, 1024 tokens 99.7 -> 98.4. One block
+// releasing for the grid instead of every block was no faster (the cost is the barrier's own, not contention), nor
+// was fence.release.sys (the same MEMBAR.SYS).
+__device__ __forceinline__ void PublishCombineEpoch(const CombineParams& p, uint32_t epoch) {
   for (int r = threadIdx.x; r < p.ranks.ep_size; r += blockDim.x) {
-    uint32_t* signal = &p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank];
-    if (kernel_wrote_rows) {
-      StoreReleaseSys(signal, epoch);
-    } else {
-      StoreRelaxedSys(signal, epoch);
-    }
+    StoreRelaxedSys(&p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank], epoch);
   }
 }
 

@@ -196,29 +196,34 @@ __host__ __device__ constexpr bool WideFanOut(int top_k, int ep_size, bool one_g
 }
 
 // Counts the calling block in, once per block, after a barrier the caller has passed; exactly one block (the last
-// to arrive, whichever it is) gets true. kAcqRelSys: the count is an acquire-release atomic at system scope
+// to arrive, whichever it is) gets true. kAcqRel: the count is an acquire-release atomic at GPU scope
 // (ArriveLastBlock); otherwise a relaxed one that only elects the block, for blocks that release their stores
 // themselves (the dispatch's arrivals).
-template <bool kAcqRelSys>
+template <bool kAcqRel>
 __device__ __forceinline__ bool CountLastBlock(uint32_t* blocks_done) {
   __shared__ bool is_last;
   if (gridDim.x == 1) return true;
   if (threadIdx.x == 0) {
-    is_last = (kAcqRelSys ? AtomicAddAcqRelSys(blocks_done, 1u) : atomicAdd(blocks_done, 1u)) == gridDim.x - 1;
+    is_last = (kAcqRel ? AtomicAddAcqRelGpu(blocks_done, 1u) : atomicAdd(blocks_done, 1u)) == gridDim.x - 1;
   }
   __syncthreads();
   return is_last;
 }
 
 // Grid completion: every block calls this once after its stores; exactly one block (the last to arrive, whichever
-// it is) gets true. The count is one acquire-release atomic at system scope: its release publishes the block's
-// stores (remote ones included, and those the barrier ordered before it), and its acquire makes every earlier
-// block's stores visible to the last one, whose system-scope release to the peers is then cumulative over them. A
-// grid of one block needs only the barrier: that release covers every store the barrier ordered before it (and
-// earlier kernels' stores).
+// it is) gets true, and every store of the grid is then performed at GPU scope for each of its threads. The count is
+// one acquire-release atomic at GPU scope: its release waits for the block's stores (and those the barrier ordered
+// before it), and its acquire makes every earlier block's stores visible to the last one. A grid of one block fences
+// instead. GPU scope is enough for the stores into this GPU's own memory, which peers read through its L2 (a signal
+// that covers them may then be relaxed: PublishCombineEpoch); stores into a peer's memory need a system-scope release
+// of their own (the pushed combine releases each row's flag).
 __device__ __forceinline__ bool ArriveLastBlock(uint32_t* blocks_done) {
   __syncthreads();
-  return CountLastBlock</*kAcqRelSys=*/true>(blocks_done);
+  if (gridDim.x == 1) {
+    FenceAcqRelGpu();
+    return true;
+  }
+  return CountLastBlock</*kAcqRel=*/true>(blocks_done);
 }
 
 // True when epoch `seen` has reached `wanted` (wrap-safe).

@@ -34,13 +34,17 @@ __device__ __forceinline__ uint32_t LoadAcquireSys(const uint32_t* addr) {
   return value;
 }
 
-// atomicAdd with release and acquire semantics at system scope: one instruction where a fence, the add and a fence
-// would be three.
-__device__ __forceinline__ uint32_t AtomicAddAcqRelSys(uint32_t* addr, uint32_t value) {
+// atomicAdd with release and acquire semantics at GPU scope: one instruction where a fence, the add and a fence
+// would be three. Its barrier is MEMBAR.GPU, which waits for the stores into this GPU's memory only; the system-scope
+// one (MEMBAR.SYS) would cost about 1.5 us more on H100.
+__device__ __forceinline__ uint32_t AtomicAddAcqRelGpu(uint32_t* addr, uint32_t value) {
   uint32_t old;
-  asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(addr), "r"(value) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(addr), "r"(value) : "memory");
   return old;
 }
+
+// Orders this thread's earlier stores (and those a barrier ordered before it) before its later ones at GPU scope.
+__device__ __forceinline__ void FenceAcqRelGpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Adds `value` at addr with release semantics at system scope, returning nothing: the add waits for the thread's
 // earlier stores (and those a barrier ordered before it) to be performed, then travels like a store.

@@ -146,15 +146,33 @@ def check_graph(group, comm):
     a2a.destroy()
 
 
+#: check_back_to_back's combines: (name, combine wire, zero copy, pushed). Each signals its peers with a relaxed store
+#: once its rows are performed in its own memory at GPU scope (PublishCombineEpoch): written by earlier kernels (zero
+#: copy), or copied or quantized by the combine itself (a partials tensor, the FP8 wire). Pushed: where every rank has
+#: a GPU of its own, the partials are pushed at these sizes (pulled otherwise).
+BACK_TO_BACK = [("zero copy", None, True, False), ("partials tensor", None, False, False),
+                ("fp8 wire", "fp8_block", False, False), ("fp8 wire, zero copy", "fp8_block", True, False),
+                ("pushed zero copy", None, True, True), ("pushed fp8 wire", "fp8_block", False, True)]
+
+
 def check_back_to_back(group, comm):
     """Steps one after another in one CUDA graph, with no host synchronization between them: each step's expert
-    kernel writes the zero-copy partials (its received rows times the step number) just before the combine, whose
-    signal to the peers is a relaxed store (the rows are earlier kernels' stores). Each step's output must be that
-    step's reference: a peer that read the partials before they landed would sum another step's."""
+    kernel writes the partials (its received rows times the step number) just before the combine, for each of
+    BACK_TO_BACK's combines. Each step's output must be that step's reference: a peer that read the partials before
+    they landed would sum another step's."""
     seed = shared_seed(comm)
+    for i, (name, wire, zero_copy, pushed) in enumerate(BACK_TO_BACK):
+        with pushed_at_every_size(pushed):
+            _check_back_to_back(group, comm, seed + 100 * i, name, wire, zero_copy, pushed)
+
+
+def _check_back_to_back(group, comm, seed, name, wire, zero_copy, pushed):
+    from flashinfer_a2a.reference import quant as q
+
     rank, n = comm.rank, comm.size
     steps, tokens, top_k, hidden, experts = 6, 24, 4, 1024, 8 * n
-    a2a = MoeAlltoAll(group, max_num_tokens=tokens, top_k=top_k, num_experts=experts, hidden_size=hidden)
+    a2a = MoeAlltoAll(group, max_num_tokens=tokens, top_k=top_k, num_experts=experts, hidden_size=hidden,
+                      combine_format=wire, push_combine=pushed or None, namespace=f"back to back {name}")
     gen = torch.Generator().manual_seed(seed)
     # Finite rows (make_inputs' include NaNs, whose bits a product on the GPU need not keep as the CPU does).
     inputs = [(make_inputs(n, [tokens] * n, top_k, hidden, experts, seed + s)[0],
@@ -164,8 +182,11 @@ def check_back_to_back(group, comm):
 
     def step(s):
         (recv_x,), _ = a2a.dispatch(ids[s], [xs[s]])
-        a2a.combine_input().copy_((recv_x.float() * (s + 1)).to(torch.bfloat16))
-        return a2a.combine().clone()
+        partials = (recv_x.float() * (s + 1)).to(torch.bfloat16)
+        if zero_copy:
+            a2a.combine_input().copy_(partials)
+            return a2a.combine(quant_format=wire).clone()
+        return a2a.combine(partials, quant_format=wire).clone()
 
     step(0)  # loads the kernels before the capture
     stream = torch.cuda.Stream()
@@ -176,7 +197,8 @@ def check_back_to_back(group, comm):
     for s, (all_ids, all_xs) in enumerate(inputs):
         want = ref.reference_dispatch(all_ids, [[x] for x in all_xs], experts, tokens)
         partials = [(want.recv_payloads[r][0].float() * (s + 1)).to(torch.bfloat16) for r in range(n)]
-        expected.append(ref.reference_combine(partials, want)[rank])
+        combined = ref.reference_combine(partials, want) if wire is None else q.reference_combine_fp8(partials, want)
+        expected.append(combined[rank])
     for _ in range(3):
         for out in outs:
             out.fill_(float("nan"))
@@ -184,7 +206,7 @@ def check_back_to_back(group, comm):
         torch.cuda.synchronize()
         fa.check_error(a2a.workspace, rank)
         for s, (out, want_out) in enumerate(zip(outs, expected)):
-            assert ref.bitwise_equal(out.cpu(), want_out), f"step {s} differs from its reference"
+            assert ref.bitwise_equal(out.cpu(), want_out), f"{name}: step {s} differs from its reference"
     a2a.destroy()
 
 
