@@ -71,12 +71,12 @@ void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu, b
         [&](const char* what) { Violation(what, warps, num_sms, device_sms, ep, own_gpu, wide, s); });
 }
 
-// Over the FP8 wire blocks have exactly kCombineWarps warps (every one quantizes, then pulls) and a warp pulls up to
-// kFusedFp8Items items, wherever the ranks run; at most as many blocks as above, since they wait too.
+// Over the FP8 wire blocks have kCombineWarps to kFusedFp8MaxWarps warps (every one quantizes, then pulls) and a
+// warp pulls one item, wherever the ranks run; at most as many blocks as above, since they wait too.
 void CheckFp8(long long items, int num_sms, int device_sms, int ep, bool own_gpu) {
   const FusedCombineShape s = FusedFp8CombineFor(items, num_sms, device_sms, ep, own_gpu);
-  const Promise promise{MaxBlocks(num_sms, device_sms, ep, own_gpu), flashinfer_a2a::kFusedFp8Items,
-                        flashinfer_a2a::kCombineWarps, flashinfer_a2a::kCombineWarps};
+  const Promise promise{MaxBlocks(num_sms, device_sms, ep, own_gpu), 1, flashinfer_a2a::kCombineWarps,
+                        flashinfer_a2a::kFusedFp8MaxWarps};
   Judge(s, items, promise, [&](const char* what) {
     Violation((std::string("fp8: ") + what).c_str(), items, num_sms, device_sms, ep, own_gpu, false, s);
   });

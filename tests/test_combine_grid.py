@@ -4,7 +4,7 @@ multiprocessor free; no more blocks than the SM budget; blocks of 8 to 32 warps 
 GPU, 8, or 4 where tokens fan out wide), none without work; a warp pulls at most 4 items in turn where ranks share a
 GPU, 1 with a GPU per rank under an SM budget, 512 on the whole GPU; and the combine is split in two kernels only
 where no such grid exists. The same for the one-kernel combine over the FP8 wire (FusedFp8CombineFor): blocks of 8
-warps, at most 2 items a warp. The device code of the header is compiled to PTX only (about 20 s);
+to 16 warps, an item a warp. The device code of the header is compiled to PTX only (about 20 s);
 tests/gpu/test_fused_combine.py runs the kernels."""
 
 from __future__ import annotations

@@ -136,18 +136,20 @@ __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
 // and pulls (as CombinePullFp8Kernel does). The grid runs in one wave (FusedFp8CombineFor): a block waiting for the
 // peers must not keep one of this rank's blocks from quantizing.
 template <typename T>
-__global__ void __launch_bounds__(kCombineThreads) CombineFusedFp8Kernel(const __grid_constant__ CombineParams p) {
+__global__ void __launch_bounds__(kFusedFp8MaxWarps * 32)
+    CombineFusedFp8Kernel(const __grid_constant__ CombineParams p) {
   WaitPriorKernels();
   StartDependents(p.ranks.own_gpu);
   RankMetadata* meta = p.ranks.MyMeta();
-  const int64_t first_item = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
-  const int64_t item_stride = static_cast<int64_t>(gridDim.x) * kCombineWarps;
+  const int warps = blockDim.x / 32;
+  const int64_t first_item = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32;
+  const int64_t item_stride = static_cast<int64_t>(gridDim.x) * warps;
   const KernelStart start = ReadKernelStart(meta, /*new_epoch=*/false);
   if (start.fatal) {  // set by earlier kernels only: all blocks agree; zeros out, like the pull
     PullItemsFp8<T>(p, true, first_item, item_stride);
     return;
   }
-  __shared__ float s_scales[kCombineWarps][kFp8WireMaxCols];
+  __shared__ float s_scales[kFusedFp8MaxWarps][kFp8WireMaxCols];
   QuantizeRowsFp8<T>(p, s_scales[threadIdx.x / 32]);
   PublishIfLastBlock(p, meta, start.epoch);
   const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, start.epoch)) != 0;
@@ -295,18 +297,21 @@ inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device
   return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
 }
 
-// The grid of the one-kernel combine over the FP8 wire: blocks of kCombineWarps warps, FusedCombineCap of them at
-// most, while no warp has more than kFusedFp8Items pull items; else it takes two kernels (blocks == 0). DeepSeek-V3
-// rows from a partials tensor, pair of the slowest rank, two kernels -> one: 2 H100s, 1 token 21.7 -> 20.3 us, 64
-// tokens 25.4 -> 23.7, 128 tokens 30.1 -> 28.8; 4 H100s 23.1 -> 22.6, 33.1 -> 32.8, 46.3 -> 46.2. At 256 tokens
-// (3.4 items a warp) one kernel was slower (36.2 -> 40.4 and 73.9 -> 79.9 us), at 512 and 1024 more so.
-constexpr int kFusedFp8Items = 2;
+// The grid of the one-kernel combine over the FP8 wire: FusedCombineCap blocks at most, of 8 to kFusedFp8MaxWarps
+// warps, a warp per pull item (every warp quantizes its share of the rows first); where that cannot cover the pull,
+// two kernels (blocks == 0). DeepSeek-V3 rows from a partials tensor, pair of the slowest rank, two kernels -> one
+// (blocks of 8 warps, up to 2 items a warp): 2 H100s, 1 token 21.7 -> 20.3 us, 64 tokens 25.4 -> 23.7, 128 tokens
+// 30.1 -> 28.8; 4 H100s 23.1 -> 22.6, 33.1 -> 32.8, 46.3 -> 46.2. At 256 tokens (3.4 items a warp) one kernel was
+// slower (36.2 -> 40.4 and 73.9 -> 79.9 us). Blocks growing to 16 warps, so that no warp quantizes or pulls twice in
+// turn, then took 2 H200s from 24.4 to 23.9 us at 128 tokens and 26.2 to 24.8 at 150, 4 H200s from 27.6 to 27.2 at
+// 64 (1 and 16 tokens unchanged).
 inline FusedCombineShape FusedFp8CombineFor(int64_t pull_items, int grid_sms, int device_sms, int ep_size,
                                             bool one_gpu_per_rank) {
   const int64_t cap = FusedCombineCap(grid_sms, device_sms, ep_size, one_gpu_per_rank);
-  if (cap < 1 || pull_items > cap * kCombineWarps * kFusedFp8Items) return {};
-  const int64_t blocks = std::clamp<int64_t>((pull_items + kCombineWarps - 1) / kCombineWarps, 1, cap);
-  return {static_cast<int>(blocks), kCombineThreads};
+  if (cap < 1 || pull_items > cap * kFusedFp8MaxWarps) return {};
+  const int64_t per_block = std::clamp<int64_t>((pull_items + cap - 1) / cap, kCombineWarps, kFusedFp8MaxWarps);
+  const int64_t blocks = std::clamp<int64_t>((pull_items + per_block - 1) / per_block, 1, cap);
+  return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
 }
 
 // pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. grid_sms: the

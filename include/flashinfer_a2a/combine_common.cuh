@@ -15,6 +15,8 @@ constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
 // The one-kernel combine's blocks grow up to this many threads when its grid is capped (FusedCombineFor).
 constexpr int kFusedCombineMaxThreads = 1024;
+// The one-kernel combine over the FP8 wire: blocks of kCombineWarps up to this many warps (FusedFp8CombineFor).
+constexpr int kFusedFp8MaxWarps = 16;
 constexpr int kReduceChunkBytes = 4096;  // output bytes of one reduce item of the pushed combine
 // The one-kernel combine lets every block publish while that makes at most this many signal stores (blocks x ranks).
 constexpr int kCombinePublishAllStores = 128;

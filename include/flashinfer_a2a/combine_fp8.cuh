@@ -59,8 +59,9 @@ __device__ __forceinline__ void QuantizeCombinePieceTo(uint8_t* dst, const uint8
 // values are written.
 template <typename T>
 __device__ __forceinline__ void QuantizeRowsFp8(const CombineParams& p, float* warp_scales) {
-  const int warp = blockIdx.x * kCombineWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kCombineWarps;
+  const int block_warps = blockDim.x / 32;
+  const int warp = blockIdx.x * block_warps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * block_warps;
   const int pieces = (p.hidden + kQuantPieceElems - 1) / kQuantPieceElems;
   const int cols = (p.hidden + quant::kFp8Block - 1) / quant::kFp8Block;
   constexpr int kScalesPerPiece = kQuantPieceElems / quant::kFp8Block;

@@ -1,7 +1,7 @@
 """Simulated ranks (one GPU) run a zero-copy combine as one kernel while its grid, capped so that the waiting blocks
 of every rank leave a multiprocessor free (and by the SM budget), can pull every item with at most 4 items a warp;
 a larger one runs as the publish + pull pair. Both sum bitwise like the reference. The same over the FP8 wire, with
-blocks of 8 warps and at most 2 items a warp. Each rank's dispatch takes an equal share of the multiprocessors by
+blocks of 8 to 16 warps and an item a warp. Each rank's dispatch takes an equal share of the multiprocessors by
 default."""
 
 from __future__ import annotations
@@ -95,13 +95,13 @@ def test_pull_items_widen_only_where_warps_would_loop(dtype, hidden, tokens, num
 
 
 # Over the FP8 wire a token is 2 pulled items (1024 elements = 2 x 512). One kernel (quantize, publish, pull) while
-# every warp of blocks of 8 warps, at most one per multiprocessor of the cap (the budget, or the ranks' share of all
-# but one), has at most 2 items; else the publish (which quantizes) + pull pair.
+# blocks of at most 16 warps, at most one per multiprocessor of the cap (the budget, or the ranks' share of all but
+# one), give every item a warp of its own; else the publish (which quantizes) + pull pair.
 @pytest.mark.parametrize("tokens, num_sms, fused", [
     (1, 0, True),     # 2 items: one block
-    (300, 0, True),   # 600 items: the cap's blocks (65 of an H100's 132), 1 or 2 items a warp
-    (16, 2, True),    # 32 items: 2 blocks of 8 warps, 2 items a warp
-    (17, 2, False),   # 34 items > 2 x 8 x 2
+    (300, 0, True),   # 600 items: 60 blocks of 10 warps (the cap: 65 of an H100's 132), an item a warp
+    (16, 2, True),    # 32 items: 2 blocks of 16 warps, an item a warp
+    (17, 2, False),   # 34 items > 2 x 16
 ])
 def test_fp8_wire_combine_runs_as_one_kernel_while_its_grid_fits(tokens, num_sms, fused):
     gen = torch.Generator().manual_seed(torch.seed())
