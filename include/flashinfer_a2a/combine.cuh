@@ -275,6 +275,13 @@ constexpr int OwnGpuPullWarps(bool wide_fan_out) { return wide_fan_out ? 4 : 8; 
 struct FusedCombineShape {
   int blocks = 0, threads = 0;  // blocks == 0: the combine does not fit one kernel
 };
+// The grid for `items` warp-sized items on at most `cap` (>= 1) blocks: kCombineWarps warps a block while that
+// covers them, then wider blocks up to max_warps (past cap * max_warps items, a warp takes several in turn).
+inline FusedCombineShape CappedBlocks(int64_t items, int64_t cap, int max_warps) {
+  const int64_t per_block = std::clamp<int64_t>((items + cap - 1) / cap, kCombineWarps, max_warps);
+  const int64_t blocks = std::clamp<int64_t>((items + per_block - 1) / per_block, 1, cap);
+  return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
+}
 // The most blocks of a one-kernel combine, all of which may wait for the peers at once: the budget's
 // multiprocessors with a GPU per rank; where ranks share a GPU, also their share of all but one multiprocessor.
 inline int64_t FusedCombineCap(int grid_sms, int device_sms, int ep_size, bool one_gpu_per_rank) {
@@ -292,9 +299,7 @@ inline FusedCombineShape FusedCombineFor(int64_t warps, int grid_sms, int device
   const int64_t cap = FusedCombineCap(grid_sms, device_sms, ep_size, one_gpu_per_rank);
   const int64_t items_per_warp = one_gpu_per_rank ? 1 : kSharedGpuFusedItems;
   if (cap < 1 || warps > cap * kMaxWarps * items_per_warp) return {};
-  const int64_t per_block = std::clamp<int64_t>((warps + cap - 1) / cap, kCombineWarps, kMaxWarps);
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(cap, (warps + per_block - 1) / per_block));
-  return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
+  return CappedBlocks(warps, cap, kMaxWarps);
 }
 
 // The grid of the one-kernel combine over the FP8 wire: FusedCombineCap blocks at most, of 8 to kFusedFp8MaxWarps
@@ -309,9 +314,7 @@ inline FusedCombineShape FusedFp8CombineFor(int64_t pull_items, int grid_sms, in
                                             bool one_gpu_per_rank) {
   const int64_t cap = FusedCombineCap(grid_sms, device_sms, ep_size, one_gpu_per_rank);
   if (cap < 1 || pull_items > cap * kFusedFp8MaxWarps) return {};
-  const int64_t per_block = std::clamp<int64_t>((pull_items + cap - 1) / cap, kCombineWarps, kFusedFp8MaxWarps);
-  const int64_t blocks = std::clamp<int64_t>((pull_items + per_block - 1) / per_block, 1, cap);
-  return {static_cast<int>(blocks), static_cast<int>(per_block * 32)};
+  return CappedBlocks(pull_items, cap, kFusedFp8MaxWarps);
 }
 
 // pull_vec_bytes: vector width of the pull (16 down to one element), dividing row_bytes. grid_sms: the
