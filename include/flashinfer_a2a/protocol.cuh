@@ -196,13 +196,16 @@ __host__ __device__ constexpr bool WideFanOut(int top_k, int ep_size, bool one_g
 }
 
 // Counts the calling block in, once per block, after a barrier the caller has passed; exactly one block (the last
-// to arrive, whichever it is) gets true. kAcqRel: the count is an acquire-release atomic at GPU scope
-// (ArriveLastBlock); otherwise a relaxed one that only elects the block, for blocks that release their stores
-// themselves (the dispatch's arrivals).
+// to arrive, whichever it is) gets true. kAcqRel: the count is an acquire-release atomic at GPU scope (a grid of one
+// block fences instead; ArriveLastBlock); otherwise a relaxed one that only elects the block, for blocks that
+// release their stores themselves (the dispatch's arrivals).
 template <bool kAcqRel>
 __device__ __forceinline__ bool CountLastBlock(uint32_t* blocks_done) {
   __shared__ bool is_last;
-  if (gridDim.x == 1) return true;
+  if (gridDim.x == 1) {
+    if (kAcqRel) FenceAcqRelGpu();
+    return true;
+  }
   if (threadIdx.x == 0) {
     is_last = (kAcqRel ? AtomicAddAcqRelGpu(blocks_done, 1u) : atomicAdd(blocks_done, 1u)) == gridDim.x - 1;
   }
@@ -219,10 +222,6 @@ __device__ __forceinline__ bool CountLastBlock(uint32_t* blocks_done) {
 // of their own (the pushed combine releases each row's flag).
 __device__ __forceinline__ bool ArriveLastBlock(uint32_t* blocks_done) {
   __syncthreads();
-  if (gridDim.x == 1) {
-    FenceAcqRelGpu();
-    return true;
-  }
   return CountLastBlock</*kAcqRel=*/true>(blocks_done);
 }
 
