@@ -5,6 +5,8 @@ driving every visible GPU, peer access on, every GPU busy at once as in a step):
   dispatch does); bytes leaving each GPU per microsecond;
 - **peer loads**: each GPU loads a buffer from each of 1 ... P - 1 peers at once and writes one local sum (what the
   pulled combine does); bytes entering each GPU per microsecond;
+- **the same stores by other engines** (Hopper on), at the largest size: TMA bulk copies through shared memory and
+  the copy engine (``cudaMemcpyPeerAsync``), to tell the links' rate from the SM stores';
 - **one-way flag latency**: half the round trip of a flag stored with ``st.release.sys`` into a peer's memory and
   seen by a spinning ``ld.acquire.sys``, GPU 0 with each other GPU;
 - **handshake kernel**: a kernel of one block that signals every peer and waits for every peer's signal, captured
@@ -52,6 +54,57 @@ extern "C" __global__ void load_from_peers(const unsigned long long* srcs, int p
   }
 }
 
+// The same stores by the Tensor Memory Accelerator (Hopper on): one thread a block moves chunks of `chunk` bytes
+// (a multiple of 16) from global memory into one of kTmaStages shared buffers (cp.async.bulk, completion on an
+// mbarrier) and from there to every peer (cp.async.bulk into global memory, a bulk group per chunk). A buffer is
+// refilled once the stores that read it have read it, so kTmaStages - 1 loads stay in flight behind the stores.
+#define kTmaStages 4
+__device__ __forceinline__ unsigned shared_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+extern "C" __global__ void tma_store_to_peers(const char* __restrict__ src, const unsigned long long* dsts,
+                                              int peers, long chunks, int chunk) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) char buffers[];
+  __shared__ __align__(8) unsigned long long full[kTmaStages];
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < kTmaStages; ++s) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(shared_u32(&full[s])));
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  long mine = 0;  // chunks of this block: blockIdx.x, + gridDim.x, ...
+  if (blockIdx.x < chunks) mine = (chunks - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  auto load = [&](long i) {
+    const int s = i % kTmaStages;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(shared_u32(&full[s])), "r"(chunk)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(shared_u32(buffers + s * chunk)), "l"(src + (blockIdx.x + i * gridDim.x) * chunk),
+                    "r"(chunk), "r"(shared_u32(&full[s])) : "memory");
+  };
+  for (long i = 0; i < kTmaStages && i < mine; ++i) load(i);
+  for (long i = 0; i < mine; ++i) {
+    const int s = i % kTmaStages;
+    unsigned ready = 0;
+    while (!ready) {
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(ready) : "r"(shared_u32(&full[s])), "r"((unsigned)(i / kTmaStages) & 1) : "memory");
+    }
+    const long offset = (blockIdx.x + i * gridDim.x) * chunk;
+    for (int d = 0; d < peers; ++d) {
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                   :: "l"(reinterpret_cast<char*>(dsts[d]) + offset), "r"(shared_u32(buffers + s * chunk)),
+                      "r"(chunk) : "memory");
+    }
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    if (i >= 1 && i - 1 + kTmaStages < mine) {  // chunk i - 1's buffer, once its stores have read it
+      asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+      load(i - 1 + kTmaStages);
+    }
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void store_release(unsigned int* p, unsigned int v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
@@ -89,6 +142,9 @@ extern "C" __global__ void handshake(const unsigned long long* flags, int me, in
 # Remote bytes per peer of a DeepSeek-V3 step (hidden 7168 bf16 + int32 ids + fp32 weights, top-8 of 256) at 128,
 # 1024 and 8192 tokens per rank on 2 GPUs, rounded to 16 bytes.
 DEFAULT_SIZES = (1_843_200, 14_745_600, 117_964_800)
+# The TMA store path: chunks of one DeepSeek-V3 row (7168 bf16), TMA_STAGES shared buffers of them a block (as
+# kTmaStages in KERNELS), TMA_BLOCKS_PER_SM blocks of one thread's work a multiprocessor.
+TMA_CHUNK, TMA_STAGES, TMA_BLOCKS_PER_SM = 14_336, 4, 2
 # What torchrun, Open MPI and PMI launchers set to the number of ranks.
 LAUNCHER_SIZES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
@@ -121,6 +177,7 @@ class Gpus:
                     "name": cp.cuda.runtime.getDeviceProperties(d)["name"].decode(),
                 })
         self.ping_base = 0
+        self.hopper = cp.cuda.runtime.getDeviceProperties(0)["major"] >= 9  # TMA
 
     def sync(self) -> None:
         for d in range(self.count):
@@ -167,6 +224,51 @@ class Gpus:
 
         us = max(self._timed(launch, reps, range(self.count)))
         return peers * nbytes / us
+
+    def engine_rate(self, engine: str, peers: int, nbytes: int, reps: int = 5) -> float:
+        """Bytes per microsecond leaving each GPU (the slowest GPU's) for `peers` peers, the same buffers as the
+        stores of copy_rate moved by `engine`: "tma" (TMA_BLOCKS_PER_SM blocks a multiprocessor, TMA_CHUNK-byte
+        chunks) or "copy_engine" (cudaMemcpyPeerAsync, each peer's copy on a stream of its own, all joined to the
+        GPU's stream)."""
+        chunks = np.int64(nbytes // TMA_CHUNK)
+        targets = {}
+        for d in range(self.count):
+            others = [(d + k) % self.count for k in range(1, peers + 1)]
+            targets[d] = [(o, self.dev[o]["inbox"][(d - o - 1) % self.count]) for o in others]
+            with cp.cuda.Device(d):
+                if engine == "tma":
+                    kernel = self.dev[d]["module"].get_function("tma_store_to_peers")
+                    kernel.max_dynamic_shared_size_bytes = TMA_STAGES * TMA_CHUNK
+                    self.dev[d]["tma_args"] = (self.dev[d]["src"], _ptrs([t for _, t in targets[d]]),
+                                               np.int32(peers), chunks, np.int32(TMA_CHUNK))
+                else:
+                    self.dev[d]["peer_streams"] = [cp.cuda.Stream(non_blocking=True) for _ in range(peers)]
+
+        def launch(d, stream):
+            if engine == "tma":
+                kernel = self.dev[d]["module"].get_function("tma_store_to_peers")
+                kernel((self.dev[d]["sms"] * TMA_BLOCKS_PER_SM,), (32,), self.dev[d]["tma_args"], stream=stream,
+                       shared_mem=TMA_STAGES * TMA_CHUNK)
+            else:
+                start = stream.record()
+                for (o, target), side in zip(targets[d], self.dev[d]["peer_streams"]):
+                    side.wait_event(start)
+                    cp.cuda.runtime.memcpyPeerAsync(target.data.ptr, o, self.dev[d]["src"].data.ptr, d,
+                                                    int(chunks) * TMA_CHUNK, side.ptr)
+                    stream.wait_event(side.record())
+
+        moved = int(chunks) * TMA_CHUNK
+        for d in range(self.count):  # the peers' buffers cleared, so that the check below sees this engine's bytes
+            for o, target in targets[d]:
+                with cp.cuda.Device(o):
+                    target[:moved].fill(0)
+        us = max(self._timed(launch, reps, range(self.count)))
+        for d in range(self.count):
+            for o, target in targets[d]:
+                with cp.cuda.Device(o):
+                    if int(cp.count_nonzero(target[:moved] != 1)):
+                        raise SystemExit(f"{engine}: GPU {d}'s bytes did not all land in GPU {o}")
+        return peers * moved / us
 
     def one_way_us(self, peer: int, iters: int = 2000) -> float:
         """Half the round trip of a release store seen by an acquire spin, GPU 0 <-> `peer`."""
@@ -220,10 +322,16 @@ class Gpus:
 def measure(sizes, blocks_per_sm: int) -> dict:
     gpus = Gpus(max(sizes))
     result = {"gpu": gpus.dev[0]["name"], "gpus": gpus.count, "blocks_per_sm": blocks_per_sm,
-              "store": {}, "load": {}, "one_way_us": {}, "handshake_us": {}}
+              "store": {}, "load": {}, "store_engines": {}, "one_way_us": {}, "handshake_us": {}}
     for peers in range(1, gpus.count):
         for kind in ("store", "load"):
             result[kind][str(peers)] = {str(n): gpus.copy_rate(kind, peers, n, blocks_per_sm) for n in sizes}
+        if gpus.hopper:  # the largest size by the other engines: what the links carry whatever moves the bytes
+            largest = max(sizes)
+            result["store_engines"][str(peers)] = {
+                "bytes": largest, "sm": result["store"][str(peers)][str(largest)],
+                "tma": gpus.engine_rate("tma", peers, largest),
+                "copy_engine": gpus.engine_rate("copy_engine", peers, largest)}
         result["one_way_us"][str(peers)] = gpus.one_way_us(peers)
         result["handshake_us"][str(peers + 1)] = gpus.handshake_us(peers + 1)
     return result
@@ -236,6 +344,10 @@ def describe(r: dict) -> str:
         for peers, rates in r[kind].items():
             text = ", ".join(f"{int(n) / 1e6:.2f} MB/peer {rate:.0f}" for n, rate in rates.items())
             lines.append(f"{what} to {peers} peer(s) at once: {text}")
+    for peers, e in r.get("store_engines", {}).items():
+        lines.append(f"stores to {peers} peer(s) at once, {int(e['bytes']) / 1e6:.2f} MB/peer, bytes/us leaving each "
+                     f"GPU by engine: SM stores {e['sm']:.0f}, TMA bulk copies {e['tma']:.0f}, copy engine "
+                     f"{e['copy_engine']:.0f}")
     lines.append("one-way flag latency GPU 0 -> GPU k: "
                  + ", ".join(f"k={k} {us:.2f} us" for k, us in r["one_way_us"].items()))
     lines.append("handshake kernel (signal + wait every peer), back to back in a graph: "
