@@ -133,13 +133,22 @@ __device__ __forceinline__ float Fp8BlockScale(float amax) {
   return a == INFINITY ? a : Fp8BlockQuotient(a, kE4m3Max, 1.0f / kE4m3Max);
 }
 
-// The E4M3 values of eight elements of one FP8 block, element i in byte i; inverse = __frcp_rn(scale).
+// The E4M3 values of eight elements of one FP8 block with a finite scale, element i in byte i; inverse =
+// __frcp_rn(scale), not 0.
+__device__ __forceinline__ uint2 Fp8BlockValuesFinite(const float (&x)[8], float scale, float inverse) {
+  float q[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) q[i] = Fp8BlockQuotient(x[i], scale, inverse);
+  return ToE4m3x8(q);
+}
+
+// The same for any scale: an infinite one (the block holds an infinity, inverse 0) takes the divisions.
 __device__ __forceinline__ uint2 Fp8BlockValues(const float (&x)[8], float scale, float inverse) {
   float q[8];
   if (inverse != 0.0f) {  // one test per lane: a test per element made every quotient a branch of its own
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[i] = Fp8BlockQuotient(x[i], scale, inverse);
-  } else {  // scale is inf: the block holds an infinity
+  } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[i] = __fdiv_rn(x[i], scale);
   }
