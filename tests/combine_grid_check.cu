@@ -57,13 +57,14 @@ void Judge(const FusedCombineShape& s, long long items, const Promise& w, Violat
   if (static_cast<long long>(s.blocks - 1) * (s.threads / 32) >= items) violation("a block without items");
 }
 
-// With a GPU per rank on the whole GPU the blocks have exactly OwnGpuPullWarps warps, each pulling up to
-// kOwnGpuFusedItems items; under an SM budget 8 to 32 warps, an item each; where ranks share a GPU 8 to 32 warps, up
+// With a GPU per rank on the whole GPU the blocks have exactly 4 warps where tokens fan out wide and 8 where not,
+// twice that where those would leave a warp more than 8 items, each pulling up to kOwnGpuFusedItems items; under an SM budget 8 to 32 warps, an item each; where ranks share a GPU 8 to 32 warps, up
 // to kSharedGpuFusedItems items each.
 void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu, bool wide) {
   const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu, wide);
   const bool whole = own_gpu && num_sms == device_sms;
-  const long long min_warps = whole ? flashinfer_a2a::OwnGpuPullWarps(wide) : flashinfer_a2a::kCombineWarps;
+  const long long narrow = wide ? 4 : 8, deep = warps > static_cast<long long>(num_sms) * narrow * 8;
+  const long long min_warps = whole ? (deep ? 2 * narrow : narrow) : flashinfer_a2a::kCombineWarps;
   const Promise promise{MaxBlocks(num_sms, device_sms, ep, own_gpu),
                         whole ? flashinfer_a2a::kOwnGpuFusedItems : own_gpu ? 1 : flashinfer_a2a::kSharedGpuFusedItems,
                         min_warps, whole ? min_warps : flashinfer_a2a::kFusedCombineMaxThreads / 32};
