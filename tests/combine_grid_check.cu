@@ -58,8 +58,9 @@ void Judge(const FusedCombineShape& s, long long items, const Promise& w, Violat
 }
 
 // With a GPU per rank on the whole GPU the blocks have exactly 4 warps where tokens fan out wide and 8 where not,
-// twice that where those would leave a warp more than 8 items, each pulling up to kOwnGpuFusedItems items; under an SM budget 8 to 32 warps, an item each; where ranks share a GPU 8 to 32 warps, up
-// to kSharedGpuFusedItems items each.
+// twice that where those would leave a warp more than 8 items, each pulling up to kOwnGpuFusedItems items; under an
+// SM budget 8 to 32 warps, an item each; where ranks share a GPU 8 to 32 warps, up to kSharedGpuFusedItems items
+// each.
 void Check(long long warps, int num_sms, int device_sms, int ep, bool own_gpu, bool wide) {
   const FusedCombineShape s = FusedCombineFor(warps, num_sms, device_sms, ep, own_gpu, wide);
   const bool whole = own_gpu && num_sms == device_sms;

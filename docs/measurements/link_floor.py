@@ -26,6 +26,7 @@ alone, runs below the link's rate (its launch and first round trip are in its ti
 import argparse
 import json
 import os
+import re
 import sys
 
 import cupy as cp
@@ -142,9 +143,10 @@ extern "C" __global__ void handshake(const unsigned long long* flags, int me, in
 # Remote bytes per peer of a DeepSeek-V3 step (hidden 7168 bf16 + int32 ids + fp32 weights, top-8 of 256) at 128,
 # 1024 and 8192 tokens per rank on 2 GPUs, rounded to 16 bytes.
 DEFAULT_SIZES = (1_843_200, 14_745_600, 117_964_800)
-# The TMA store path: chunks of one DeepSeek-V3 row (7168 bf16), TMA_STAGES shared buffers of them a block (as
-# kTmaStages in KERNELS), TMA_BLOCKS_PER_SM blocks of one thread's work a multiprocessor.
-TMA_CHUNK, TMA_STAGES, TMA_BLOCKS_PER_SM = 14_336, 4, 2
+# The TMA store path: chunks of one DeepSeek-V3 row (7168 bf16), TMA_STAGES shared buffers of them a block (the
+# kernel's kTmaStages), TMA_BLOCKS_PER_SM blocks of one thread's work a multiprocessor.
+TMA_CHUNK, TMA_BLOCKS_PER_SM = 14_336, 2
+TMA_STAGES = int(re.search(r"#define kTmaStages (\d+)", KERNELS)[1])
 # What torchrun, Open MPI and PMI launchers set to the number of ranks.
 LAUNCHER_SIZES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 

@@ -133,12 +133,16 @@ __device__ __forceinline__ float Fp8BlockScale(float amax) {
   return a == INFINITY ? a : Fp8BlockQuotient(a, kE4m3Max, 1.0f / kE4m3Max);
 }
 
-// The E4M3 values of eight elements of one FP8 block with a finite scale, element i in byte i; inverse =
-// __frcp_rn(scale), not 0.
-__device__ __forceinline__ uint2 Fp8BlockValuesFinite(const float (&x)[8], float scale, float inverse) {
-  float q[8];
+// The quotients of eight elements of one FP8 block by a finite scale; inverse = __frcp_rn(scale), not 0.
+__device__ __forceinline__ void Fp8BlockQuotients(const float (&x)[8], float scale, float inverse, float (&q)[8]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) q[i] = Fp8BlockQuotient(x[i], scale, inverse);
+}
+
+// The E4M3 values of eight elements of one FP8 block with a finite scale, element i in byte i.
+__device__ __forceinline__ uint2 Fp8BlockValuesFinite(const float (&x)[8], float scale, float inverse) {
+  float q[8];
+  Fp8BlockQuotients(x, scale, inverse, q);
   return ToE4m3x8(q);
 }
 
@@ -146,8 +150,7 @@ __device__ __forceinline__ uint2 Fp8BlockValuesFinite(const float (&x)[8], float
 __device__ __forceinline__ uint2 Fp8BlockValues(const float (&x)[8], float scale, float inverse) {
   float q[8];
   if (inverse != 0.0f) {  // one test per lane: a test per element made every quotient a branch of its own
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = Fp8BlockQuotient(x[i], scale, inverse);
+    Fp8BlockQuotients(x, scale, inverse, q);
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[i] = __fdiv_rn(x[i], scale);

@@ -189,13 +189,13 @@ __device__ __forceinline__ uint32_t QuantizeRounds(const uint4 (&raw)[kQuantRoun
   if constexpr (F == QuantFormat::kFp8Block) {
     scale = quant::Fp8BlockScale(round_max);
     inverse = __frcp_rn(scale);
-    if (kFiniteSplit && __all_sync(0xffffffffu, inverse != 0.0f)) {
-      QuantizeRoundValues<T, F, true>(raw, lane, scale, inverse, exponent, lq);
-    } else {
-      QuantizeRoundValues<T, F, false>(raw, lane, scale, inverse, exponent, lq);
-    }
   } else {
     exponent = quant::MxExponent(round_max);
+  }
+  constexpr bool kSplit = kFiniteSplit && F == QuantFormat::kFp8Block;
+  if (kSplit && __all_sync(0xffffffffu, inverse != 0.0f)) {
+    QuantizeRoundValues<T, F, true>(raw, lane, scale, inverse, exponent, lq);
+  } else {
     QuantizeRoundValues<T, F, false>(raw, lane, scale, inverse, exponent, lq);
   }
   if constexpr (F == QuantFormat::kFp8Block) {
