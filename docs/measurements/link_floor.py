@@ -205,17 +205,23 @@ class Gpus:
                 times.append(cp.cuda.get_elapsed_time(*events[d]) * 1e3 / reps)
         return times
 
+    def store_targets(self, d: int, peers: int) -> list:
+        """(peer, buffer) for each of the `peers` GPUs after GPU d that d stores to: slot (d - peer - 1) of the
+        peer's inbox, so that no two GPUs share a buffer."""
+        others = [(d + k) % self.count for k in range(1, peers + 1)]
+        return [(o, self.dev[o]["inbox"][(d - o - 1) % self.count]) for o in others]
+
     def copy_rate(self, kind: str, peers: int, nbytes: int, blocks_per_sm: int = 2, reps: int = 10) -> float:
         """Bytes per microsecond per GPU (the slowest GPU's) of `kind` ("store" or "load") to/from `peers` peers."""
         n = np.int64(nbytes // 16)
         args = {}
         for d in range(self.count):
-            others = [(d + k) % self.count for k in range(1, peers + 1)]
             with cp.cuda.Device(d):
-                if kind == "store":  # into slot (d - peer - 1) of each peer's inbox: no two GPUs share a buffer
-                    targets = [self.dev[o]["inbox"][(d - o - 1) % self.count] for o in others]
+                if kind == "store":
+                    targets = [t for _, t in self.store_targets(d, peers)]
                     args[d] = ("store_to_peers", (self.dev[d]["src"], _ptrs(targets), np.int32(peers), n))
                 else:
+                    others = [(d + k) % self.count for k in range(1, peers + 1)]
                     args[d] = ("load_from_peers", (_ptrs([self.dev[o]["src"] for o in others]), np.int32(peers),
                                                    self.dev[d]["dst"], n))
 
@@ -235,8 +241,7 @@ class Gpus:
         chunks = np.int64(nbytes // TMA_CHUNK)
         targets = {}
         for d in range(self.count):
-            others = [(d + k) % self.count for k in range(1, peers + 1)]
-            targets[d] = [(o, self.dev[o]["inbox"][(d - o - 1) % self.count]) for o in others]
+            targets[d] = self.store_targets(d, peers)
             with cp.cuda.Device(d):
                 if engine == "tma":
                     kernel = self.dev[d]["module"].get_function("tma_store_to_peers")

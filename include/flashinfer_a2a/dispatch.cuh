@@ -484,16 +484,15 @@ inline int DispatchGridSize(int num_tokens, int max_blocks) {
 template <typename IdT, bool kGroupSmall, bool kOnePerSm>
 struct DispatchKernelOf {
   template <QuantFormat F>
-  static constexpr int kBlocks = kOnePerSm ? 1 : DispatchBlocksPerSm(F);
+  static auto Of() {
+    return DispatchKernel<IdT, F, kGroupSmall, kOnePerSm ? 1 : DispatchBlocksPerSm(F)>;
+  }
   static auto Get(QuantFormat f) {
     switch (f) {
-      case QuantFormat::kFp8Block:
-        return DispatchKernel<IdT, QuantFormat::kFp8Block, kGroupSmall, kBlocks<QuantFormat::kFp8Block>>;
-      case QuantFormat::kMxfp8:
-        return DispatchKernel<IdT, QuantFormat::kMxfp8, kGroupSmall, kBlocks<QuantFormat::kMxfp8>>;
-      case QuantFormat::kNvfp4:
-        return DispatchKernel<IdT, QuantFormat::kNvfp4, kGroupSmall, kBlocks<QuantFormat::kNvfp4>>;
-      default: return DispatchKernel<IdT, QuantFormat::kNone, kGroupSmall>;
+      case QuantFormat::kFp8Block: return Of<QuantFormat::kFp8Block>();
+      case QuantFormat::kMxfp8: return Of<QuantFormat::kMxfp8>();
+      case QuantFormat::kNvfp4: return Of<QuantFormat::kNvfp4>();
+      default: return Of<QuantFormat::kNone>();  // the plain copy: one block a multiprocessor either way
     }
   }
 };

@@ -203,7 +203,7 @@ template <bool kAcqRel>
 __device__ __forceinline__ bool CountLastBlock(uint32_t* blocks_done) {
   __shared__ bool is_last;
   if (gridDim.x == 1) {
-    if (kAcqRel) FenceAcqRelGpu();
+    if constexpr (kAcqRel) FenceAcqRelGpu();
     return true;
   }
   if (threadIdx.x == 0) {
