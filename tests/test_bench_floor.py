@@ -70,14 +70,34 @@ def test_probe_kernels_compile(tmp_path):
         assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("launcher_size", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
-def test_probe_refuses_to_run_as_one_of_several_ranks(launcher_size, monkeypatch, capsys):
-    """Launched by torchrun or mpirun, every rank would run the whole probe over every GPU at once: it says so and
-    measures nothing (cupy, absent here, is stood in for by a module whose use would fail)."""
+def _probe_module(monkeypatch):
+    """link_floor.py loaded with cupy (absent here) stood in for by a module whose use would fail."""
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=object))
     spec = importlib.util.spec_from_file_location("link_floor_under_test", PROBE)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    return probe
+
+
+def test_probe_describes_what_the_bytes_add(monkeypatch):
+    """The added time of each size prints with the rate it implies for the GPU's peers together; a file the bench
+    reads (which has these figures or not) describes either way."""
+    probe = _probe_module(monkeypatch)
+    figures = {"gpu": "H100", "gpus": 4, "blocks_per_sm": 2, "store": {}, "load": {},
+               "one_way_us": {"1": 2.0}, "handshake_us": {"2": 3.0}}
+    assert "what the bytes add" not in probe.describe(figures)
+    figures["added_us"] = {"store": {"1": {"1843200": 5.49}, "3": {"921600": 8.0}}, "load": {"2": {"230400": 3.2}}}
+    text = probe.describe(figures)
+    assert "store kernel (1 peer(s)" in text and "1.84 MB/peer +5.49 us (336 GB/s)" in text
+    assert "store kernel (3 peer(s)" in text and "0.92 MB/peer +8.00 us (346 GB/s)" in text
+    assert "load kernel (2 peer(s)" in text and "0.23 MB/peer +3.20 us (144 GB/s)" in text
+
+
+@pytest.mark.parametrize("launcher_size", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_probe_refuses_to_run_as_one_of_several_ranks(launcher_size, monkeypatch, capsys):
+    """Launched by torchrun or mpirun, every rank would run the whole probe over every GPU at once: it says so and
+    measures nothing (cupy, absent here, is stood in for by a module whose use would fail)."""
+    probe = _probe_module(monkeypatch)
     monkeypatch.setattr(probe, "measure", lambda *args: pytest.fail("measured under a launcher"))
     for name in probe.LAUNCHER_SIZES:
         monkeypatch.delenv(name, raising=False)
@@ -86,7 +106,7 @@ def test_probe_refuses_to_run_as_one_of_several_ranks(launcher_size, monkeypatch
     assert f"{launcher_size}=4" in capsys.readouterr().err
     monkeypatch.setenv(launcher_size, "1")  # one rank of one: the probe runs
     measured = []
-    monkeypatch.setattr(probe, "measure", lambda sizes, blocks: measured.append((sizes, blocks)) or {})
+    monkeypatch.setattr(probe, "measure", lambda *args: measured.append(args) or {})
     monkeypatch.setattr(probe, "describe", lambda result: "described")
-    assert probe.main(["--sizes", "4096"]) == 0
-    assert measured == [([4096], 2)]
+    assert probe.main(["--sizes", "4096", "--added-sizes", "512", "1024"]) == 0
+    assert measured == [([4096], 2, [512, 1024])]

@@ -7,6 +7,9 @@ driving every visible GPU, peer access on, every GPU busy at once as in a step):
   pulled combine does); bytes entering each GPU per microsecond;
 - **the same stores by other engines** (Hopper on), at the largest size: TMA bulk copies through shared memory and
   the copy engine (``cudaMemcpyPeerAsync``), to tell the links' rate from the SM stores';
+- **what the bytes add**: the same store and load kernels, a CUDA graph of them back to back on every GPU at once,
+  at a step's remote bytes per peer and at none: the difference per kernel is the time those bytes add to a kernel
+  that moves them, free of launch gaps (what a step's rows add to its fixed cost);
 - **one-way flag latency**: half the round trip of a flag stored with ``st.release.sys`` into a peer's memory and
   seen by a spinning ``ld.acquire.sys``, GPU 0 with each other GPU;
 - **handshake kernel**: a kernel of one block that signals every peer and waits for every peer's signal, captured
@@ -143,6 +146,9 @@ extern "C" __global__ void handshake(const unsigned long long* flags, int me, in
 # Remote bytes per peer of a DeepSeek-V3 step (hidden 7168 bf16 + int32 ids + fp32 weights, top-8 of 256) at 128,
 # 1024 and 8192 tokens per rank on 2 GPUs, rounded to 16 bytes.
 DEFAULT_SIZES = (1_843_200, 14_745_600, 117_964_800)
+# The sizes whose added time is measured: a DeepSeek-V3 step's remote bytes per peer at 16, 64, 128 and 256 tokens
+# per rank on 2 GPUs.
+ADDED_SIZES = (230_400, 921_600, 1_843_200, 3_686_400)
 # The TMA store path: chunks of one DeepSeek-V3 row (7168 bf16), TMA_STAGES shared buffers of them a block (the
 # kernel's kTmaStages), TMA_BLOCKS_PER_SM blocks of one thread's work a multiprocessor.
 TMA_CHUNK, TMA_BLOCKS_PER_SM = 14_336, 2
@@ -211,8 +217,8 @@ class Gpus:
         others = [(d + k) % self.count for k in range(1, peers + 1)]
         return [(o, self.dev[o]["inbox"][(d - o - 1) % self.count]) for o in others]
 
-    def copy_rate(self, kind: str, peers: int, nbytes: int, blocks_per_sm: int = 2, reps: int = 10) -> float:
-        """Bytes per microsecond per GPU (the slowest GPU's) of `kind` ("store" or "load") to/from `peers` peers."""
+    def _copy_launch(self, kind: str, peers: int, nbytes: int, blocks_per_sm: int):
+        """launch(d, stream) of one `kind` kernel ("store" or "load") moving nbytes to/from each of `peers` peers."""
         n = np.int64(nbytes // 16)
         args = {}
         for d in range(self.count):
@@ -230,8 +236,37 @@ class Gpus:
             grid = (self.dev[d]["sms"] * blocks_per_sm,)
             self.dev[d]["module"].get_function(name)(grid, (512,), a, stream=stream)
 
-        us = max(self._timed(launch, reps, range(self.count)))
+        return launch
+
+    def copy_rate(self, kind: str, peers: int, nbytes: int, blocks_per_sm: int = 2, reps: int = 10) -> float:
+        """Bytes per microsecond per GPU (the slowest GPU's) of `kind` ("store" or "load") to/from `peers` peers."""
+        us = max(self._timed(self._copy_launch(kind, peers, nbytes, blocks_per_sm), reps, range(self.count)))
         return peers * nbytes / us
+
+    def graph_us(self, launch, devices, kernels: int, replays: int) -> float:
+        """Microseconds per launch(d, stream) (the slowest device's), `kernels` of them back to back in a CUDA graph
+        on each of `devices` at once: no launch gap between them."""
+        graphs = {}
+        self.sync()
+        for d in devices:
+            with cp.cuda.Device(d):
+                stream = self.dev[d]["stream"]
+                stream.begin_capture()
+                for _ in range(kernels):
+                    launch(d, stream)
+                graphs[d] = stream.end_capture()
+        return max(self._timed(lambda d, stream: graphs[d].launch(stream), replays, devices)) / kernels
+
+    def added_us(self, kind: str, peers: int, sizes, blocks_per_sm: int = 2, kernels: int = 40,
+                 replays: int = 5) -> dict:
+        """{nbytes: microseconds that nbytes per peer add to one `kind` kernel}: graph_us at nbytes minus graph_us of
+        the same kernel moving nothing, every GPU at once."""
+        def us(nbytes):
+            launch = self._copy_launch(kind, peers, nbytes, blocks_per_sm)
+            return self.graph_us(launch, range(self.count), kernels, replays)
+
+        empty = us(0)
+        return {n: us(n) - empty for n in sizes}
 
     def engine_rate(self, engine: str, peers: int, nbytes: int, reps: int = 5) -> float:
         """Bytes per microsecond leaving each GPU (the slowest GPU's) for `peers` peers, the same buffers as the
@@ -302,37 +337,31 @@ class Gpus:
 
     def handshake_us(self, ranks: int, kernels: int = 200, replays: int = 5) -> float:
         """Microseconds per handshake kernel among GPUs 0 .. ranks - 1, kernels back to back in a CUDA graph."""
-        graphs = []
         self.sync()
         for d in range(ranks):
             with cp.cuda.Device(d):
                 self.dev[d]["flags"][:] = 0
                 self.dev[d]["epoch"][:] = 0
-        self.sync()
-        for d in range(ranks):
-            with cp.cuda.Device(d):
-                table = _ptrs([self.dev[r]["flags"][8:] for r in range(ranks)])
-                self.dev[d]["table"] = table
-                stream = self.dev[d]["stream"]
-                kernel = self.dev[d]["module"].get_function("handshake")
-                stream.begin_capture()
-                for _ in range(kernels):
-                    kernel((1,), (32,), (table, np.int32(d), np.int32(ranks), self.dev[d]["epoch"]), stream=stream)
-                graphs.append(stream.end_capture())
+                self.dev[d]["table"] = _ptrs([self.dev[r]["flags"][8:] for r in range(ranks)])
 
         def launch(d, stream):
-            graphs[d].launch(stream)
+            kernel = self.dev[d]["module"].get_function("handshake")
+            kernel((1,), (32,), (self.dev[d]["table"], np.int32(d), np.int32(ranks), self.dev[d]["epoch"]),
+                   stream=stream)
 
-        return max(self._timed(launch, replays, range(ranks))) / kernels
+        return self.graph_us(launch, range(ranks), kernels, replays)
 
 
-def measure(sizes, blocks_per_sm: int) -> dict:
-    gpus = Gpus(max(sizes))
+def measure(sizes, blocks_per_sm: int, added_sizes=ADDED_SIZES) -> dict:
+    gpus = Gpus(max(*sizes, *added_sizes))
     result = {"gpu": gpus.dev[0]["name"], "gpus": gpus.count, "blocks_per_sm": blocks_per_sm,
-              "store": {}, "load": {}, "store_engines": {}, "one_way_us": {}, "handshake_us": {}}
+              "store": {}, "load": {}, "added_us": {"store": {}, "load": {}}, "store_engines": {}, "one_way_us": {},
+              "handshake_us": {}}
     for peers in range(1, gpus.count):
         for kind in ("store", "load"):
             result[kind][str(peers)] = {str(n): gpus.copy_rate(kind, peers, n, blocks_per_sm) for n in sizes}
+            added = gpus.added_us(kind, peers, added_sizes, blocks_per_sm)
+            result["added_us"][kind][str(peers)] = {str(n): us for n, us in added.items()}
         if gpus.hopper:  # the largest size by the other engines: what the links carry whatever moves the bytes
             largest = max(sizes)
             result["store_engines"][str(peers)] = {
@@ -351,6 +380,12 @@ def describe(r: dict) -> str:
         for peers, rates in r[kind].items():
             text = ", ".join(f"{int(n) / 1e6:.2f} MB/peer {rate:.0f}" for n, rate in rates.items())
             lines.append(f"{what} to {peers} peer(s) at once: {text}")
+    for kind, added in r.get("added_us", {}).items():
+        for peers, times in added.items():
+            text = ", ".join(f"{int(n) / 1e6:.2f} MB/peer +{us:.2f} us ({int(peers) * int(n) / us / 1e3:.0f} GB/s)"
+                             for n, us in times.items())
+            lines.append(f"what the bytes add to a {kind} kernel ({peers} peer(s), kernels back to back in a graph, "
+                         f"against moving nothing): {text}")
     for peers, e in r.get("store_engines", {}).items():
         lines.append(f"stores to {peers} peer(s) at once, {int(e['bytes']) / 1e6:.2f} MB/peer, bytes/us leaving each "
                      f"GPU by engine: SM stores {e['sm']:.0f}, TMA bulk copies {e['tma']:.0f}, copy engine "
@@ -365,6 +400,8 @@ def describe(r: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="bytes per peer")
+    parser.add_argument("--added-sizes", type=int, nargs="+", default=list(ADDED_SIZES),
+                        help="bytes per peer whose added time is measured")
     parser.add_argument("--blocks-per-sm", type=int, default=2, help="blocks of 512 threads per multiprocessor")
     parser.add_argument("--json", help="write the figures here (the bench's --floor reads it)")
     args = parser.parse_args(argv)
@@ -374,7 +411,7 @@ def main(argv=None) -> int:
               f"({launched[0]}={os.environ[launched[0]]}), whose copies would measure each other's traffic: run "
               f"it with python, not torchrun or mpirun", file=sys.stderr)
         return 2
-    result = measure(args.sizes, args.blocks_per_sm)
+    result = measure(args.sizes, args.blocks_per_sm, args.added_sizes)
     print(describe(result))
     if args.json:
         with open(args.json, "w") as f:
