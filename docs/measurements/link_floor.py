@@ -211,11 +211,14 @@ class Gpus:
                 times.append(cp.cuda.get_elapsed_time(*events[d]) * 1e3 / reps)
         return times
 
+    def peers_of(self, d: int, peers: int) -> list:
+        """The `peers` GPUs after GPU d (wrapping), which d stores to or loads from."""
+        return [(d + k) % self.count for k in range(1, peers + 1)]
+
     def store_targets(self, d: int, peers: int) -> list:
-        """(peer, buffer) for each of the `peers` GPUs after GPU d that d stores to: slot (d - peer - 1) of the
-        peer's inbox, so that no two GPUs share a buffer."""
-        others = [(d + k) % self.count for k in range(1, peers + 1)]
-        return [(o, self.dev[o]["inbox"][(d - o - 1) % self.count]) for o in others]
+        """(peer, buffer) for each of peers_of(d, peers): slot (d - peer - 1) of the peer's inbox, so that no two GPUs
+        share a buffer."""
+        return [(o, self.dev[o]["inbox"][(d - o - 1) % self.count]) for o in self.peers_of(d, peers)]
 
     def _copy_launch(self, kind: str, peers: int, nbytes: int, blocks_per_sm: int):
         """launch(d, stream) of one `kind` kernel ("store" or "load") moving nbytes to/from each of `peers` peers."""
@@ -227,9 +230,8 @@ class Gpus:
                     targets = [t for _, t in self.store_targets(d, peers)]
                     args[d] = ("store_to_peers", (self.dev[d]["src"], _ptrs(targets), np.int32(peers), n))
                 else:
-                    others = [(d + k) % self.count for k in range(1, peers + 1)]
-                    args[d] = ("load_from_peers", (_ptrs([self.dev[o]["src"] for o in others]), np.int32(peers),
-                                                   self.dev[d]["dst"], n))
+                    sources = [self.dev[o]["src"] for o in self.peers_of(d, peers)]
+                    args[d] = ("load_from_peers", (_ptrs(sources), np.int32(peers), self.dev[d]["dst"], n))
 
         def launch(d, stream):
             name, a = args[d]
