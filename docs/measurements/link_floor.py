@@ -223,20 +223,22 @@ class Gpus:
     def _copy_launch(self, kind: str, peers: int, nbytes: int, blocks_per_sm: int):
         """launch(d, stream) of one `kind` kernel ("store" or "load") moving nbytes to/from each of `peers` peers."""
         n = np.int64(nbytes // 16)
-        args = {}
+        args = {}  # d: (kernel, its arguments), looked up once rather than at every launch
         for d in range(self.count):
             with cp.cuda.Device(d):
+                module = self.dev[d]["module"]
                 if kind == "store":
                     targets = [t for _, t in self.store_targets(d, peers)]
-                    args[d] = ("store_to_peers", (self.dev[d]["src"], _ptrs(targets), np.int32(peers), n))
+                    args[d] = (module.get_function("store_to_peers"),
+                               (self.dev[d]["src"], _ptrs(targets), np.int32(peers), n))
                 else:
                     sources = [self.dev[o]["src"] for o in self.peers_of(d, peers)]
-                    args[d] = ("load_from_peers", (_ptrs(sources), np.int32(peers), self.dev[d]["dst"], n))
+                    args[d] = (module.get_function("load_from_peers"),
+                               (_ptrs(sources), np.int32(peers), self.dev[d]["dst"], n))
 
         def launch(d, stream):
-            name, a = args[d]
-            grid = (self.dev[d]["sms"] * blocks_per_sm,)
-            self.dev[d]["module"].get_function(name)(grid, (512,), a, stream=stream)
+            kernel, a = args[d]
+            kernel((self.dev[d]["sms"] * blocks_per_sm,), (512,), a, stream=stream)
 
         return launch
 
@@ -283,6 +285,7 @@ class Gpus:
                 if engine == "tma":
                     kernel = self.dev[d]["module"].get_function("tma_store_to_peers")
                     kernel.max_dynamic_shared_size_bytes = TMA_STAGES * TMA_CHUNK
+                    self.dev[d]["tma_kernel"] = kernel
                     self.dev[d]["tma_args"] = (self.dev[d]["src"], _ptrs([t for _, t in targets[d]]),
                                                np.int32(peers), chunks, np.int32(TMA_CHUNK))
                 else:
@@ -290,9 +293,8 @@ class Gpus:
 
         def launch(d, stream):
             if engine == "tma":
-                kernel = self.dev[d]["module"].get_function("tma_store_to_peers")
-                kernel((self.dev[d]["sms"] * TMA_BLOCKS_PER_SM,), (32,), self.dev[d]["tma_args"], stream=stream,
-                       shared_mem=TMA_STAGES * TMA_CHUNK)
+                self.dev[d]["tma_kernel"]((self.dev[d]["sms"] * TMA_BLOCKS_PER_SM,), (32,), self.dev[d]["tma_args"],
+                                          stream=stream, shared_mem=TMA_STAGES * TMA_CHUNK)
             else:
                 start = stream.record()
                 for (o, target), side in zip(targets[d], self.dev[d]["peer_streams"]):
@@ -340,16 +342,17 @@ class Gpus:
     def handshake_us(self, ranks: int, kernels: int = 200, replays: int = 5) -> float:
         """Microseconds per handshake kernel among GPUs 0 .. ranks - 1, kernels back to back in a CUDA graph."""
         self.sync()
+        handshake = {}
         for d in range(ranks):
             with cp.cuda.Device(d):
                 self.dev[d]["flags"][:] = 0
                 self.dev[d]["epoch"][:] = 0
                 self.dev[d]["table"] = _ptrs([self.dev[r]["flags"][8:] for r in range(ranks)])
+                handshake[d] = self.dev[d]["module"].get_function("handshake")
 
         def launch(d, stream):
-            kernel = self.dev[d]["module"].get_function("handshake")
-            kernel((1,), (32,), (self.dev[d]["table"], np.int32(d), np.int32(ranks), self.dev[d]["epoch"]),
-                   stream=stream)
+            handshake[d]((1,), (32,), (self.dev[d]["table"], np.int32(d), np.int32(ranks), self.dev[d]["epoch"]),
+                         stream=stream)
 
         return self.graph_us(launch, range(ranks), kernels, replays)
 
