@@ -96,7 +96,7 @@ def test_probe_describes_what_the_bytes_add(monkeypatch):
 @pytest.mark.parametrize("launcher_size", ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
 def test_probe_refuses_to_run_as_one_of_several_ranks(launcher_size, monkeypatch, capsys):
     """Launched by torchrun or mpirun, every rank would run the whole probe over every GPU at once: it says so and
-    measures nothing (cupy, absent here, is stood in for by a module whose use would fail)."""
+    measures nothing."""
     probe = _probe_module(monkeypatch)
     monkeypatch.setattr(probe, "measure", lambda *args: pytest.fail("measured under a launcher"))
     for name in probe.LAUNCHER_SIZES:
