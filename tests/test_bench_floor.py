@@ -28,11 +28,21 @@ def _probe_json(tmp_path, **change) -> str:
     return str(path)
 
 
-def test_pair_floor_is_two_handshakes_plus_the_bytes_at_the_best_rates(tmp_path):
+def test_pair_floor_is_two_handshakes_plus_the_bytes_at_the_best_rate(tmp_path):
     link = floor.load(_probe_json(tmp_path))
-    # 2 x 3 us, 8000 bytes stored at 400 bytes/us, 5000 bytes loaded at 250 bytes/us
-    assert floor.pair_floor_us(link, 2, 8000.0, 5000.0) == pytest.approx(6.0 + 20.0 + 20.0)
+    # 2 x 3 us and both phases' 13000 bytes at the best of the stores' 400 and the loads' 250 bytes/us
+    assert floor.pair_floor_us(link, 2, 8000.0, 5000.0) == pytest.approx(6.0 + 32.5)
     assert floor.pair_floor_us(link, 2, 0.0, 0.0) == pytest.approx(6.0)
+    # loads faster than stores: the loads' rate
+    link = floor.load(_probe_json(tmp_path, load={"1": {"1000000": 520.0}}))
+    assert floor.pair_floor_us(link, 2, 8000.0, 5000.0) == pytest.approx(6.0 + 25.0)
+    # another engine faster than the SM: its rate (the buffer size it was measured at is no rate)
+    engines = {"1": {"bytes": 1e9, "sm": 400.0, "tma": 390.0, "copy_engine": 650.0}}
+    link = floor.load(_probe_json(tmp_path, store_engines=engines))
+    assert floor.pair_floor_us(link, 2, 8000.0, 5000.0) == pytest.approx(6.0 + 20.0)
+    engines["1"]["copy_engine"] = 100.0
+    link = floor.load(_probe_json(tmp_path, store_engines=engines))
+    assert floor.pair_floor_us(link, 2, 8000.0, 5000.0) == pytest.approx(6.0 + 32.5)
 
 
 def test_floor_refuses_a_file_of_other_gpus_or_fields(tmp_path):

@@ -2,11 +2,12 @@
 (``--floor floor.json``): each row of this package is printed as a multiple of it.
 
 A pair (dispatch then combine) cannot take less than two handshakes (each phase signals its peers and waits for
-them: the probe's handshake kernel, launch gap included) plus its remote bytes moved at the link's rate to that many
-peers at once: dispatch's at the peer-store rate, combine's at the peer-load rate (the pulled combine reads them),
-each the best the probe measured over its buffer sizes. A short transfer of the probe runs below that rate because
-its own launch and first round trip count in its time; in a step they overlap the handshakes, so the floor does not
-count them twice.
+them: the probe's handshake kernel, launch gap included) plus its remote bytes moved at the best rate the probe
+measured to that many peers at once, by any engine: SM stores or loads at any of its buffer sizes, TMA bulk copies or
+the copy engine. Both phases take that rate, since either could move its rows that way (a pushed combine stores, a
+pulled one loads), so no step runs under its floor. A short transfer of the probe runs below that rate because its
+own launch and first round trip count in its time; in a step they overlap the handshakes, so the floor does not count
+them twice.
 """
 
 from __future__ import annotations
@@ -41,10 +42,15 @@ def check_ranks(floor: dict[str, Any], ep_size: int) -> None:
                          "GPUs): measure this run's GPUs with docs/measurements/link_floor.py --json")
 
 
+def best_rate(floor: dict[str, Any], peers: str) -> float:
+    """Bytes per microsecond of the fastest way the probe moved bytes to ``peers`` peers at once."""
+    engines = floor.get("store_engines", {}).get(peers, {})
+    rates = [*floor["store"][peers].values(), *floor["load"][peers].values()]
+    return max(rates + [rate for engine, rate in engines.items() if engine != "bytes"])
+
+
 def pair_floor_us(floor: dict[str, Any], ep_size: int, dispatch_bytes: float, combine_bytes: float) -> float:
     """Microseconds a pair moving these remote bytes per rank cannot go under on ``ep_size`` ranks."""
     check_ranks(floor, ep_size)
-    peers = str(ep_size - 1)
-    moved = sum(num_bytes / max(floor[kind][peers].values())
-                for kind, num_bytes in (("store", dispatch_bytes), ("load", combine_bytes)))
+    moved = (dispatch_bytes + combine_bytes) / best_rate(floor, str(ep_size - 1))
     return 2 * floor["handshake_us"][str(ep_size)] + moved
