@@ -6,13 +6,14 @@ import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from flashinfer_a2a.jit import JitSpec, gen_a2a_module
 
 from .jit.jit_testing import set_jit_env
-from .progress import on_terminal
+from .progress import missing_launchers, on_terminal
 
 
 @dataclass
@@ -69,3 +70,19 @@ def a2a_env(monkeypatch, a2a_build) -> SharedBuild:
     return a2a_build
 
 
+_SUMMARY = pytest.StashKey[list]()
+
+
+@pytest.fixture
+def record_counts(request) -> Callable[[str], None]:
+    """Adds a line to the run's summary, shown whatever the verbosity: what a test counted (the C++ refusals and
+    their rows, the random cases a layout ran). Tests skipped for want of a launcher are listed there too."""
+    return request.config.stash.setdefault(_SUMMARY, []).append
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    lines = config.stash.get(_SUMMARY, []) + missing_launchers(terminalreporter.stats.get("skipped", []))
+    if lines:
+        terminalreporter.section("flashinfer_a2a: counts and skipped launchers")
+        for line in lines:
+            terminalreporter.write_line(line)

