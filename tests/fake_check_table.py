@@ -132,9 +132,14 @@ class Before(Bad):
 
 @dataclasses.dataclass(frozen=True)
 class Unreachable:
-    """A C++ check that no input of the op can fail: an earlier check refuses every input that would."""
+    """A C++ check that no input of the op can fail: an earlier check (``earlier``, the key of its row) refuses
+    every input that would. ``attempts`` break this check's condition; each must be refused with ``earlier``'s
+    message and with none of this check's (tests/test_fake_checks.py runs them through the fake, and on a GPU
+    through the library)."""
 
     why: str
+    earlier: str = ""
+    attempts: tuple[Bad, ...] = ()
 
 
 def quantizing(fmt: int, hidden: int = 256, tokens: int = 5, **change) -> dict:
@@ -168,6 +173,8 @@ _MAKE_CONFIG = ("MakeWorkspaceConfig(ep_size, max_num_tokens, top_k, dispatch_by
 _CUDA_WORKSPACE = "CheckCudaWorkspace(workspace, ep_rank, config)"
 _COUNTS = "CheckRecvCounts(recv_counts, workspace, ep_size)"
 _T = (5, 4)  # the strides of a [4, 5] tensor's transpose: a [5, 4] view that is not contiguous
+_QUANT_PAYLOAD = ("CheckQuantPayload: !payloads.empty() && TensorView(payloads[0]).ndim() == 2 && "
+                  "(IsDType(payloads[0], kDLBfloat, 16) || IsDType(payloads[0], kDLFloat, 16))")
 
 #: every C++ check an op's entry reaches -> the inputs that fail it (or why none can)
 TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
@@ -321,8 +328,7 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
     "ToQuantFormat: format >= 0 && format <= 3": (
         Bad("dispatch", lambda: dict(quant_format=5), ValueError, r"quant_format must be 0 \(none\)"),
         Bad("dispatch", lambda: dict(quant_format=-1), ValueError, "quant_format must be 0")),
-    "CheckQuantPayload: !payloads.empty() && TensorView(payloads[0]).ndim() == 2 && "
-    "(IsDType(payloads[0], kDLBfloat, 16) || IsDType(payloads[0], kDLFloat, 16))": (
+    _QUANT_PAYLOAD: (
         Bad("dispatch", lambda: quantizing(1, payloads=[]), TypeError,
             r"payloads\[0\] \(the hidden states to quantize"),
         Bad("dispatch", lambda: quantizing(2, payloads=[rows(5, 2, 128)]), TypeError, r"payloads\[0\] \(the hidden"),
@@ -361,12 +367,22 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
         Bad("dispatch", lambda: quantizing(1, payloads=[rows(5, 256)] + [rows(5, 8)] * 7), ValueError,
             "at most 7 payloads")),
     "PlanRecvRegions: !quantize || num_payloads >= 1":
-        Unreachable("CheckQuantPayload refuses a quantizing dispatch without payloads[0] first (TypeError)"),
+        Unreachable("CheckQuantPayload refuses a quantizing dispatch without payloads[0] first (TypeError)",
+                    _QUANT_PAYLOAD, (Bad("dispatch", lambda: quantizing(1, payloads=[]), TypeError,
+                                         r"payloads\[0\] \(the hidden states to quantize"),
+                                     Bad("dispatch", lambda: quantizing(3, payloads=[]), TypeError,
+                                         r"payloads\[0\] \(the hidden states to quantize"))),
+    # The C++ says "payload 0 has empty rows", the fake "payloads[0] has empty rows": the pattern takes what both say.
     "PlanRecvRegions: row >= 1": (
-        Bad("dispatch", lambda: dict(payloads=[rows(5, 0)]), ValueError, r"payloads\[0\] has empty rows"),
-        Bad("dispatch", lambda: dict(payloads=[rows(5, 8), ids(5, 2, 0)]), ValueError, r"payloads\[1\] has empty")),
+        Bad("dispatch", lambda: dict(payloads=[rows(5, 0)]), ValueError, "has empty rows"),
+        Bad("dispatch", lambda: dict(payloads=[rows(5, 8), ids(5, 2, 0)]), ValueError, "has empty rows")),
     "PlanRecvRegions: row == 2 * quant.hidden":
-        Unreachable("CheckQuantPayload takes hidden from payloads[0], which it requires to be 2-D bf16|fp16"),
+        Unreachable("CheckQuantPayload takes hidden from payloads[0], which it requires to be 2-D bf16|fp16",
+                    _QUANT_PAYLOAD, (
+                        Bad("dispatch", lambda: quantizing(2, payloads=[rows(5, 2, 128)]), TypeError,
+                            "bfloat16 or float16"),
+                        Bad("dispatch", lambda: quantizing(1, payloads=[rows(5, 256, dtype=torch.float32)]), TypeError,
+                            "bfloat16 or float16"))),
     "PlanRecvRegions: token_bytes <= config.dispatch_bytes_per_token": (
         Bad("dispatch", lambda: dict(payloads=[rows(5, 2049)]), ValueError, "payloads need 4098 bytes per token"),
         Bad("dispatch", lambda: dict(payloads=[rows(5, 2048), ids(5, 4)]), ValueError, "payloads need 4112 bytes"),
@@ -467,10 +483,11 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
     'SanitizeExpertIds: CheckContiguous(recv_topk_ids, "recv_topk_ids")':
         Bad("sanitize_expert_ids", lambda: dict(recv_topk_ids=ids(2, 16, 4, strides=(64, 1, 16))), ValueError,
             "recv_topk_ids must be contiguous"),
+    # CheckRecvCounts names its reference "workspace" whatever it is; the fake names recv_topk_ids.
     "SanitizeExpertIds: CheckRecvCounts(recv_counts, recv_topk_ids, ep_size)": (
         Bad("sanitize_expert_ids", lambda: dict(recv_counts=counts(3)), ValueError, r"shape \[ep_size=2\]"),
         Bad("sanitize_expert_ids", lambda: dict(recv_counts=counts(device="cpu")), ValueError,
-            "recv_counts must be on the same device as recv_topk_ids")),
+            "recv_counts must be on the same device as")),
 }
 
 
@@ -479,11 +496,12 @@ from .fake_check_table_nccl import TABLE as _NCCL_TABLE  # noqa: E402 (it builds
 TABLE.update(_NCCL_TABLE)
 
 
-def cases() -> list:
-    """Every input of :data:`TABLE` as a pytest parameter named after its row."""
+def cases(unreachable: bool = False) -> list:
+    """Every input of :data:`TABLE` as a pytest parameter ``(key, case)`` named after its row; with
+    ``unreachable``, the attempts of the :class:`Unreachable` rows instead."""
     params = []
     for key, row in TABLE.items():
-        if not isinstance(row, Unreachable):
-            params += [pytest.param(case, id=f"{key[:70]}#{i}")
-                       for i, case in enumerate(row if isinstance(row, tuple) else (row,))]
+        if isinstance(row, Unreachable) == unreachable:
+            inputs = row.attempts if unreachable else row if isinstance(row, tuple) else (row,)
+            params += [pytest.param(key, case, id=f"{key[:70]}#{i}") for i, case in enumerate(inputs)]
     return params

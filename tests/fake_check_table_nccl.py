@@ -127,6 +127,7 @@ def _gathered(**view) -> torch.Tensor:
 _PAYLOAD_CPU = 'NcclPack: CheckNcclInput(payload, name, send, "send")'
 _RETURNED = 'NcclCombineSum: CheckNcclBuffer(returned, "returned", {ep_size * runtime_max, p.wire_row_bytes})'
 _WIRE = 'NcclCombineWire: CheckNcclBuffer(wire, "wire", {rows, p.wire_row_bytes})'
+_SEGMENTS = "NcclSelect: recv.size() <= kNcclMaxSegments && recv.size() >= (quantize ? 2u : 0u)"
 _TILES = ("NcclSelect: tiles ? r.ndim() == 2 && r.size(0) == ep_size && NcclRowBytes(r) == swizzled_block : "
           "r.ndim() >= 2 && r.size(0) == ep_size && r.size(1) == runtime_max")
 
@@ -258,7 +259,7 @@ TABLE: dict = {
             r"gathered must be a CUDA tensor of shape \[ep_size, send bytes\]"),
         Bad("nccl_select", lambda: dict(gathered=tensor(torch.uint8, (2 * _select_bytes(),))), ValueError,
             "gathered must be a CUDA tensor of shape")),
-    "NcclSelect: recv.size() <= kNcclMaxSegments && recv.size() >= (quantize ? 2u : 0u)": (
+    _SEGMENTS: (
         Bad("nccl_select", lambda: dict(recv=[rows(2, 16, 8)] * 9), ValueError,
             "recv must hold one tensor per received segment"),
         Bad("nccl_select", lambda: selecting(1, recv=[rows(2, 16, 128)]), ValueError, "at least 2, got 1")),
@@ -296,7 +297,11 @@ TABLE: dict = {
             r"recv\[0\] must start on a 16-byte boundary"),
     "NcclSelect: NcclLayoutOf(ep_size, runtime_max, quant, payload_rows, num_payloads)":
         Unreachable("recv holds at most kNcclMaxSegments tensors, and a quantized payload two of them: never more "
-                    "payloads than the layout takes"),
+                    "payloads than the layout takes", _SEGMENTS,
+                    (Bad("nccl_select", lambda: dict(recv=[rows(2, 16, 8)] * 9), ValueError,
+                         "recv must hold one tensor per received segment"),
+                     Bad("nccl_select", lambda: selecting(2, recv=selecting(2)["recv"] + [rows(2, 16, 8)] * 7),
+                         ValueError, "recv must hold one tensor per received segment"))),
     'NcclSelect: CheckNcclBuffer(gathered, "gathered", {ep_size, wire.total_bytes})':
         Bad("nccl_select", lambda: dict(gathered=tensor(torch.uint8, (2, 16))), ValueError,
             r"gathered must be uint8 of shape \[2, 8208\]"),

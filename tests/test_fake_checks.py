@@ -1,13 +1,18 @@
-"""Every check of the C++ entry points has its counterpart in the ops' fake implementations.
+"""Every C++ refusal of the ops' entries has its counterpart in the ops' fake implementations, refusing for the same
+reason.
 
-The C++ checks are read from csrc/ (:mod:`tests.cxx_checks`); :data:`tests.fake_check_table.TABLE` holds, for each,
-inputs the C++ refuses. Each is run through the op under ``FakeTensorMode`` (fake CUDA tensors, no GPU needed) and
-must be refused with the exception type the C++ raises, by a message naming the argument. A C++ check without a row
-fails :func:`test_every_cxx_check_has_a_row`. With a GPU, :func:`test_the_library_refuses_what_the_fake_refuses`
-hands the same inputs to the real op.
+The C++ refusals are read from the sources (:mod:`tests.cxx_checks`; tests/test_cxx_checks.py checks, with no build,
+that :data:`tests.fake_check_table.TABLE` has a row for each, and that each row's message pattern is part of the
+message of the C++ check it stands for). Each row's inputs are run through the op under ``FakeTensorMode`` (fake
+CUDA tensors, no GPU needed) and must be refused with the exception type the C++ raises and a message matching the
+row's pattern: a refusal by another check fails. The attempts of an unreachable row must be refused by the earlier
+check it names. With a GPU, :func:`test_the_library_refuses_what_the_fake_refuses` hands the same inputs to the real
+op, held to the same patterns.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import pytest
 import torch
@@ -16,36 +21,18 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from flashinfer_a2a import functional as F
 from flashinfer_a2a.jit import get_a2a_module
 
-from .cxx_checks import read_cxx_checks
-from .fake_check_table import (SIZES, TABLE, Unreachable, call_op, cases, counts, fp8_combine, ids, push_combine,
-                               quantizing, rows, ws_bytes)
+from .fake_check_table import (SIZES, Bad, call_op, cases, counts, fp8_combine, ids, push_combine, quantizing,
+                               rows, ws_bytes)
 
 pytestmark = pytest.mark.usefixtures("a2a_env")
 
 
-def test_every_cxx_check_has_a_row():
-    checks = read_cxx_checks()
-    assert checks.unreached == [], f"functions with checks no op reaches (give them an op, or say why): " \
-                                   f"{checks.unreached}"
-    missing = [key for key in checks.rows if key not in TABLE]
-    stale = [key for key in TABLE if key not in checks.rows]
-    assert not missing, "C++ checks without a row in TABLE (add inputs that fail them, and their fake checks):\n" + \
-        "\n".join(missing)
-    assert not stale, "TABLE rows whose C++ check is gone:\n" + "\n".join(stale)
-
-
-def test_rows_expect_the_exception_the_cxx_raises():
-    checks = read_cxx_checks()
-    for key, kind in checks.rows.items():
-        row = TABLE[key]
-        if isinstance(row, Unreachable):
-            continue
-        if kind == "call":  # a helper's checks: one of the kinds it raises
-            kinds = checks.kinds[key.split(": ", 1)[1].split("(", 1)[0]]
-        else:
-            kinds = {kind}
-        for case in row if isinstance(row, tuple) else (row,):
-            assert case.error.__name__ in kinds, f"{key}: expects {case.error.__name__}, the C++ raises {kinds}"
+def assert_refused_for(case: Bad, run: Callable[[], None]) -> None:
+    """Runs ``run`` (``case``'s input through the fake or the library): it must raise ``case.error`` with a message
+    matching ``case.match``, a pattern read off the C++ check's message (tests/test_cxx_checks.py)."""
+    with pytest.raises(case.error, match=case.match) as info:
+        run()
+    assert "Check failed" not in str(info.value)
 
 
 @pytest.mark.parametrize("op", ["get_workspace_size", "initialize", "dispatch", "dispatch_recv", "combine",
@@ -63,12 +50,31 @@ def test_the_valid_arguments_pass_the_fake(op):
             call_op(op, push_combine())
 
 
-@pytest.mark.parametrize("case", cases())
-def test_the_fake_refuses(case):
+@pytest.mark.parametrize(("key", "case"), cases())
+def test_the_fake_refuses(key, case):
     with FakeTensorMode():
-        with pytest.raises(case.error, match=case.match) as info:
-            case.run()
-    assert "Check failed" not in str(info.value)
+        assert_refused_for(case, case.run)
+
+
+@pytest.mark.parametrize(("key", "case"), cases(unreachable=True))
+def test_the_fake_refuses_an_unreachable_rows_attempts_earlier(key, case):
+    """Each attempt breaks the unreachable check's condition; its pattern is the earlier check's message."""
+    with FakeTensorMode():
+        assert_refused_for(case, case.run)
+
+
+def test_a_refusal_for_another_reason_fails_the_row():
+    """What the GPU test once let pass: the right exception type with another check's message."""
+    case = Bad("dispatch", dict, ValueError, r"ep_rank must be in \[0, ep_size=2\)")
+
+    def refuse(message):
+        def run():
+            raise ValueError(message)
+        return run
+
+    assert_refused_for(case, refuse("ep_rank must be in [0, ep_size=2), got 2"))
+    with pytest.raises(AssertionError, match="Regex pattern did not match"):
+        assert_refused_for(case, refuse("ep_size must be in [1, 72], got 0"))
 
 
 def test_a_traced_dispatch_with_rows_too_wide_fails_at_trace_time():
@@ -98,11 +104,10 @@ def test_the_library_names_a_none_payload():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("case", [c for c in cases() if c.values[0].real])
-def test_the_library_refuses_what_the_fake_refuses(case):
-    """The same inputs on a GPU, through the op's real implementation: the C++ refuses each alike, before any
-    launch (a launch would wait for rank 1, which never comes, and fail the test by its timeout)."""
-    with pytest.raises(case.error) as info:
-        case.run_real()
-    assert "Check failed" not in str(info.value)
+@pytest.mark.parametrize(("key", "case"), [p for p in cases() + cases(unreachable=True) if p.values[1].real])
+def test_the_library_refuses_what_the_fake_refuses(key, case):
+    """The same inputs on a GPU, through the op's real implementation: the C++ refuses each alike, with the row's
+    message, before any launch (a launch would wait for rank 1, which never comes, and fail the test by its
+    timeout). An unreachable row's attempts are refused by the earlier check its row names."""
+    assert_refused_for(case, case.run_real)
     torch.cuda.synchronize()
