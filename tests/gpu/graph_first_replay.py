@@ -1,12 +1,14 @@
 """CUDA-graph replays of simulated ranks (ep 5-8), many workspaces made one after another in one process.
 
 For each workspace, every rank's dispatch + expert copy + zero-copy combine is captured into one CUDA graph (inputs
-filled, one eager warm-up step, synchronize, capture under torch.cuda.graph, synchronize), then replayed 3 times with
-new routing and payloads. After each replay recv_counts is compared with counts computed on the host from the ids,
-the combine with its exact value (the "expert" copies the received hidden rows back, so out[t] = n_dest(t) * x[t]: a
-sum of equal bf16 values in fp32 is exact), and every rank's error record is read with check_error. Before simulated
-ranks captured their steps as halves (flashinfer_a2a.testing.simulate), replays of some workspaces timed out waiting for a
-peer whose graph branch had not started.
+filled, one eager warm-up step, synchronize, capture under torch.cuda.graph, synchronize), then replayed 3 times
+with new routing and payloads. Before each replay, every rank's counts, received rows and combine output are
+poisoned (:func:`poison`), so that a replay that wrote nothing fails even where its routing repeats the last one's.
+After each replay recv_counts is compared with counts computed on the host from the ids, the combine with its exact
+value (the "expert" copies the received hidden rows back, so out[t] = n_dest(t) * x[t]: a sum of equal bf16 values
+in fp32 is exact), and every rank's error record is read with check_error. Before simulated ranks captured their
+steps as halves (flashinfer_a2a.testing.simulate), replays of some workspaces timed out waiting for a peer whose
+graph branch had not started.
 
 Run by tests/gpu/test_simulated_graphs.py, or alone (one GPU):
     python -m tests.gpu.graph_first_replay --workspaces 500
@@ -25,6 +27,7 @@ import torch
 
 from flashinfer_a2a import check_error
 from flashinfer_a2a import functional as F
+from flashinfer_a2a.reference import POISON_BYTE
 from flashinfer_a2a.testing.simulate import SimulatedRanks
 
 # (ep, max_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token) of shapes seen failing.
@@ -62,6 +65,39 @@ def make_ids(rng: random.Random, gen: torch.Generator, n: int, k: int, num_exper
     p_neg = rng.choice([0.0, 0.0, 0.1, 0.5])
     ids[torch.rand(n, k, generator=gen) < p_neg] = -1
     return ids
+
+
+def poison(rec, outs) -> None:
+    """Fills what a step writes with what no step leaves: every rank's counts with -1, its received rows and its
+    combine output with POISON_BYTE."""
+    for recv, counts in rec:
+        counts.fill_(-1)
+        for t in recv:
+            t.view(torch.uint8).fill_(POISON_BYTE)
+    for out in outs:
+        out.view(torch.uint8).fill_(POISON_BYTE)
+
+
+def step_problems(host_ids, x, owners: torch.Tensor, rec, outs) -> list[str]:
+    """How a step's counts and combine outputs differ from what the host computes from its ids ``host_ids`` and
+    hidden rows ``x`` (per rank): counts by source, and ``out[t] = n_dest(t) * x[t]`` exactly."""
+    ep = len(host_ids)
+    sent = [sent_mask(host_ids[s], owners, ep) for s in range(ep)]
+    want = torch.stack([m.sum(0) for m in sent], dim=1).to(torch.int32)  # [dest, src]
+    got = torch.stack([c for _, c in rec]).cpu()
+    problems = []
+    if not torch.equal(got, want):
+        d = int((got != want).any(1).nonzero()[0])
+        problems.append(f"recv_counts of rank {d} (by src): want {want[d].tolist()} got {got[d].tolist()}")
+    bad = {}
+    for r in range(ep):
+        exact = (sent[r].sum(1, keepdim=True).float().to(x[r].device) * x[r].float()).to(BF16)
+        nbad = int((outs[r].float() != exact.float()).any(1).sum())
+        if nbad:
+            bad[r] = nbad
+    if bad:
+        problems.append(f"combine rows differ {{rank: rows}} {bad}")
+    return problems
 
 
 def error_records(ranks: SimulatedRanks) -> list[str]:
@@ -112,21 +148,7 @@ def run_workspace(shape, rng: random.Random, gen: torch.Generator, dgen: torch.G
 
     def check(rec, outs) -> list[str]:
         torch.cuda.synchronize()
-        sent = [sent_mask(host_ids[s], owners, ep) for s in range(ep)]
-        want = torch.stack([m.sum(0) for m in sent], dim=1).to(torch.int32)  # [dest, src]
-        got = torch.stack([c for _, c in rec]).cpu()
-        problems = []
-        if not torch.equal(got, want):
-            d = int((got != want).any(1).nonzero()[0])
-            problems.append(f"recv_counts of rank {d} (by src): want {want[d].tolist()} got {got[d].tolist()}")
-        bad = {}
-        for r in range(ep):
-            exact = (sent[r].sum(1, keepdim=True).float().to(DEV) * x_d[r].float()).to(BF16)
-            nbad = int((outs[r].float() != exact.float()).any(1).sum())
-            if nbad:
-                bad[r] = nbad
-        if bad:
-            problems.append(f"combine rows differ {{rank: rows}} {bad}")
+        problems = step_problems(host_ids, x_d, owners, rec, outs)
         errors = error_records(ranks)
         if errors:
             problems.append(f"error record {errors[0]}" + (f" (+{len(errors) - 1} ranks)" if len(errors) > 1 else ""))
@@ -141,6 +163,7 @@ def run_workspace(shape, rng: random.Random, gen: torch.Generator, dgen: torch.G
     replays = []
     for _ in range(3):
         fill()
+        poison(rec, outs)
         graph.replay()
         replays.append(check(rec, outs))
     del graph

@@ -14,10 +14,17 @@ reference. Run by worker.py (check ``randomized``; tests/multigpu/test_randomize
 
     torchrun --nproc-per-node 4 -m tests.multigpu.worker randomized
 
+The time budget starts once the first case (every rank idle, then one token) has run: it loads the library on every
+rank, and builds it where no build is cached, which must not eat the budget. At least :data:`MIN_CASES` random
+cases (all of them, when fewer are asked for) must run within it, or the suite fails: a slow machine cannot pass
+having checked nothing.
+
 Environment (read by this test only):
     FLASHINFER_A2A_TEST_RANDOM_CASES    cases to draw (default 24)
     FLASHINFER_A2A_TEST_RANDOM_SECONDS  no case starts after this long (default 120)
     FLASHINFER_A2A_TEST_SEED            seed of the run, to replay one (default: drawn, and printed)
+    FLASHINFER_A2A_TEST_RANDOM_REPORT   a file rank 0 appends "<layout>: <cases run>" to (tests/multigpu/
+                                        test_randomized.py reads it)
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ from flashinfer_a2a.library.wire_formats import WIRE_FORMATS, push_combine_bytes
 from .common import SHARED_GPU, shared_seed
 
 CASES, SECONDS = 24, 120.0
+MIN_CASES = 8  # random cases every run must reach (after the idle one), fewer only when fewer are asked for
+REPORT_ENV = "FLASHINFER_A2A_TEST_RANDOM_REPORT"
+GLOO_CASES = 6  # the CPU harness's cases (small shapes), every one of which must run
 REPLAYS = 3  # graph replays per graph case, each with fresh inputs
 HIDDENS = (1, 7, 64, 100, 515, 1026, 2048, 2880, 4096, 7168)
 TOP_KS = (1, 2, 4, 6, 8, 9, 22)
@@ -392,17 +402,21 @@ class Runner:
 def run_suite(group, comm, *, transport: str = "nvlink", device: str = "cuda", cases: Optional[int] = None,
               seconds: Optional[float] = None, seed: Optional[int] = None, **limits) -> int:
     """Draws and runs cases until ``cases`` (default FLASHINFER_A2A_TEST_RANDOM_CASES) or ``seconds`` (default
-    FLASHINFER_A2A_TEST_RANDOM_SECONDS, decided on rank 0 for every rank) run out; returns how many ran. ``limits``:
-    ``max_hidden`` / ``max_tokens`` of :func:`draw_case`."""
+    FLASHINFER_A2A_TEST_RANDOM_SECONDS, counted from the end of the idle case, decided on rank 0 for every rank) run
+    out; fails if fewer than ``min(MIN_CASES, cases)`` ran; returns how many ran, and reports it (rank 0: printed,
+    and appended to FLASHINFER_A2A_TEST_RANDOM_REPORT where set). ``limits``: ``max_hidden`` / ``max_tokens`` of
+    :func:`draw_case`."""
     cases = int(os.environ.get("FLASHINFER_A2A_TEST_RANDOM_CASES", CASES)) if cases is None else cases
     seconds = float(os.environ.get("FLASHINFER_A2A_TEST_RANDOM_SECONDS", SECONDS)) if seconds is None else seconds
     if seed is None:
         seed = int(os.environ["FLASHINFER_A2A_TEST_SEED"]) if "FLASHINFER_A2A_TEST_SEED" in os.environ \
             else shared_seed(comm)
+    layout = f"{comm.size} ranks{' sharing one GPU' if SHARED_GPU and device == 'cuda' else ''}, {transport} " \
+             f"transport on {device}"
     if comm.rank == 0:
-        print(f"randomized: {comm.size} ranks, seed {seed} (FLASHINFER_A2A_TEST_SEED), up to {cases} cases in "
-              f"{seconds:g} s", flush=True)
-    start, cuda = time.monotonic(), device == "cuda"
+        print(f"randomized: {layout}, seed {seed} (FLASHINFER_A2A_TEST_SEED), up to {cases} cases in {seconds:g} s",
+              flush=True)
+    cuda = device == "cuda"
     limits["nccl"] = transport == "nccl"
 
     def run(name: str, case: Case, case_seed: int) -> None:
@@ -418,6 +432,7 @@ def run_suite(group, comm, *, transport: str = "nvlink", device: str = "cuda", c
     idle = (0,) * comm.size
     run("idle", dataclasses.replace(draw_case(random.Random(f"{seed}:idle"), comm.size, cuda=cuda, **limits),
                                     graph=False, rounds=((idle, 0), (idle[:-1] + (1,), 1), (idle, 0))), seed * 1000 - 1)
+    start = time.monotonic()  # the library is built and loaded on every rank now
     for index in range(cases):
         go = b"1" if time.monotonic() - start < seconds else b"0"
         if comm.broadcast(go if comm.rank == 0 else None, 0) != b"1":
@@ -427,7 +442,13 @@ def run_suite(group, comm, *, transport: str = "nvlink", device: str = "cuda", c
     else:
         index = cases
     if comm.rank == 0:
-        print(f"randomized: {index} cases passed in {time.monotonic() - start:.0f} s", flush=True)
+        print(f"randomized: {index} cases passed in {time.monotonic() - start:.0f} s ({layout})", flush=True)
+        if os.environ.get(REPORT_ENV):
+            with open(os.environ[REPORT_ENV], "a") as report:
+                report.write(f"{layout}: {index}\n")
+    least = min(MIN_CASES, cases)
+    assert index >= least, (f"randomized: {index} cases ran in {seconds:g} s on {layout}, fewer than {least}: the "
+                            f"machine is too slow for FLASHINFER_A2A_TEST_RANDOM_SECONDS")
     return index
 
 
@@ -448,8 +469,8 @@ def check_gloo(rank: int, ep_size: int, device) -> None:
     """The harness on CPU (tests/nccl_workers.spawn_gloo): the nccl transport over gloo, small cases."""
     from flashinfer_a2a.comm import as_communicator
 
-    run_suite(None, as_communicator(None), transport="nccl", device="cpu", cases=6, seconds=120.0, max_hidden=1026,
-              max_tokens=64)
+    run_suite(None, as_communicator(None), transport="nccl", device="cpu", cases=GLOO_CASES, seconds=120.0,
+              max_hidden=1026, max_tokens=64)
 
 
 CHECKS = {"gloo": check_gloo}
