@@ -31,7 +31,8 @@ void Dispatch(TensorView workspace, TensorView topk_ids, Array<Tensor> payloads,
               int64_t ep_rank, int64_t ep_size, int64_t max_num_tokens, int64_t top_k,
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
               int64_t num_experts, double timeout_s, int64_t quant_format, Optional<Tensor> global_scale,
-              bool swizzled_scales, int64_t phase, int64_t num_sms, bool one_gpu_per_rank);
+              bool swizzled_scales, int64_t phase, int64_t num_sms, bool one_gpu_per_rank,
+              Optional<Tensor> eplb_local_stats);
 tvm::ffi::Function BindDispatch(Tensor workspace, Tensor recv_counts, int64_t ep_rank, int64_t ep_size,
                                 int64_t max_num_tokens, int64_t top_k, int64_t dispatch_bytes_per_token,
                                 int64_t combine_bytes_per_token, int64_t num_experts, int64_t num_sms,

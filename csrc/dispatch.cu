@@ -108,7 +108,7 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
               int64_t dispatch_bytes_per_token, int64_t combine_bytes_per_token, int64_t runtime_max_tokens_per_rank,
               int64_t num_experts, double timeout_s, int64_t quant_format,
               tvm::ffi::Optional<tvm::ffi::Tensor> global_scale, bool swizzled_scales, int64_t phase,
-              int64_t num_sms, bool one_gpu_per_rank) {
+              int64_t num_sms, bool one_gpu_per_rank, tvm::ffi::Optional<tvm::ffi::Tensor> eplb_local_stats) {
   // tvm-ffi passes a None entry of the list as an undefined tensor, which no TensorView may be made of.
   for (size_t p = 0; p < payloads.size(); ++p) {
     A2A_CHECK(payloads[p].defined(), TypeError) << "payloads[" << p << "] must be a tensor, got None";
@@ -140,6 +140,20 @@ void Dispatch(TensorView workspace, TensorView topk_ids, tvm::ffi::Array<tvm::ff
   const uint64_t timeout_ns = TimeoutNs(timeout_s);
 
   DispatchParams params{};
+  if (eplb_local_stats.has_value()) {
+    const tvm::ffi::Tensor held = eplb_local_stats.value();  // a view of a temporary would dangle
+    const TensorView stats = held;
+    A2A_CHECK(IsDType(stats, kDLInt, 32), TypeError)
+        << "eplb_local_stats must be int32, got dtype " << DTypeName(stats.dtype());
+    A2A_CHECK(stats.ndim() == 1 && stats.size(0) >= 1 && stats.size(0) <= kMaxEplbExperts, ValueError)
+        << "eplb_local_stats must be [eplb_stats_num_experts] with 1 to " << kMaxEplbExperts << " entries, got "
+        << stats.ndim() << " dims of " << (stats.ndim() > 0 ? stats.size(0) : 0) << " entries";
+    CheckContiguous(stats, "eplb_local_stats");
+    CheckSameDevice(stats, workspace, "eplb_local_stats", "workspace");
+    params.eplb_local = static_cast<const int32_t*>(BytePtr(stats));
+    params.eplb_experts = static_cast<int32_t>(stats.size(0));
+    params.eplb_offset = layout.eplb_offset;
+  }
   params.num_payloads = static_cast<int32_t>(payloads.size());
   std::vector<int64_t> rows;
   for (size_t p = 0; p < payloads.size(); ++p) {
@@ -230,10 +244,11 @@ tvm::ffi::Function BindDispatch(tvm::ffi::Tensor workspace, tvm::ffi::Tensor rec
   return tvm::ffi::Function::FromTyped(
       [=](TensorView topk_ids, tvm::ffi::Array<tvm::ffi::Tensor> payloads, int64_t runtime_max_tokens_per_rank,
           double timeout_s, int64_t quant_format, tvm::ffi::Optional<tvm::ffi::Tensor> global_scale,
-          bool swizzled_scales, int64_t phase) -> int64_t {
+          bool swizzled_scales, int64_t phase, tvm::ffi::Optional<tvm::ffi::Tensor> eplb_local_stats) -> int64_t {
         Dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
                  dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts,
-                 timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms, one_gpu_per_rank);
+                 timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms, one_gpu_per_rank,
+                 eplb_local_stats);
         return shapes->IdOf(payloads);
       });
 }

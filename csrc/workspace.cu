@@ -29,7 +29,9 @@ namespace {
   X(dispatch_signal_offset, offsetof(RankMetadata, dispatch_signal))                       \
   X(peer_runtime_max_offset, offsetof(RankMetadata, peer_runtime_max))                     \
   X(combine_signal_offset, offsetof(RankMetadata, combine_signal))                         \
+  X(inactive_ranks_offset, offsetof(RankMetadata, inactive_ranks))                         \
   X(metadata_bytes, sizeof(RankMetadata))                                                  \
+  X(eplb_offset, (layout).eplb_offset)                                                     \
   X(push_flags_offset, (layout).push_flags_offset)                                         \
   X(routing_offset, (layout).routing_offset)                                               \
   X(dispatch_offset, (layout).dispatch_offset)                                             \
@@ -65,6 +67,7 @@ tvm::ffi::Map<tvm::ffi::String, int64_t> GetConstants() {
   c.Set("max_ep_size", kMaxRanks);
   c.Set("max_top_k", kMaxTopK);
   c.Set("max_payloads", kMaxPayloads);
+  c.Set("max_eplb_experts", kMaxEplbExperts);
   c.Set("max_num_tokens_limit", int64_t{1} << kRouteSlotBits);
   c.Set("align_bytes", kAlignBytes);
   c.Set("error_none", static_cast<int64_t>(ErrorCode::kNone));

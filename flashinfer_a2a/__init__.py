@@ -7,6 +7,7 @@ from ._version import __version__
 from .library.errors import A2AError, check_error
 from .functional import (
     MAX_EP_SIZE,
+    MAX_EPLB_EXPERTS,
     MAX_PAYLOADS,
     MAX_TOP_K,
     WorkspaceConfig,
@@ -23,6 +24,7 @@ from .moe_alltoall import MoeAlltoAll
 __all__ = [
     "A2AError",
     "MAX_EP_SIZE",
+    "MAX_EPLB_EXPERTS",
     "MAX_PAYLOADS",
     "MAX_TOP_K",
     "MoeAlltoAll",

@@ -14,15 +14,17 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import config as _config
-from .library import ops
+from .library import active_ranks, ops
 from .library.checks import check_combine_tensors, check_dispatch_call, global_scale_tensor
 from .library.combine_mode import combine_mode_code
 from .library.constants import MAX_EP_SIZE, MAX_PAYLOADS, MAX_TOP_K  # noqa: F401 - public re-exports
 from .library.errors import check_error, debug_check, debug_check_ids, debug_enabled  # noqa: F401 - check_error too
+from .library.constants import MAX_EPLB_EXPERTS  # noqa: F401 - public re-export
 from .library.layout import (  # noqa: F401 - public re-exports
     WorkspaceConfig,
     combine_input,
     empty_workspace,
+    eplb_gathered_stats,
     get_metainfo_index_pairs,
     get_workspace_size,
     initialize,
@@ -36,8 +38,8 @@ def dispatch(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, top
              payloads: Sequence[torch.Tensor], runtime_max_tokens_per_rank: int, num_experts: int, *,
              timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
              global_scale: Optional[torch.Tensor | float] = None, swizzled_scales: bool = False,
-             debug: Optional[bool] = None, num_sms: int = 0,
-             one_gpu_per_rank: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
+             debug: Optional[bool] = None, num_sms: int = 0, one_gpu_per_rank: bool = False,
+             eplb_local_stats: Optional[torch.Tensor] = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sends each local token to every distinct rank that owns one of its top-k experts.
 
     Args:
@@ -64,6 +66,10 @@ def dispatch(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, top
         num_sms: size the grid for at most this many multiprocessors (0: all), leaving the rest to other work.
         one_gpu_per_rank: promise that no two ranks share a GPU (true across processes, false for simulated ranks):
             the kernel then lets the stream's next kernel launch early, as combine's do.
+        eplb_local_stats: ``[n] int32`` (``1 <= n <= MAX_EPLB_EXPERTS``) EPLB statistics of this rank, carried to every
+            active rank inside the dispatch: afterwards :func:`eplb_gathered_stats` with ``n`` holds every rank's.
+
+    Tokens routed to the experts of ranks outside the active set (:func:`set_active_ranks`) are not sent.
 
     Returns:
         ``(recv_payloads, recv_counts)``: for each payload a zero-copy view ``[ep_size, runtime_max, ...]`` of the
@@ -73,7 +79,8 @@ def dispatch(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig, top
     recv_counts = dispatch_counts(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
                                   num_experts, timeout_s=timeout_s, quant_format=quant_format,
                                   global_scale=global_scale, swizzled_scales=swizzled_scales, debug=debug,
-                                  num_sms=num_sms, one_gpu_per_rank=one_gpu_per_rank)
+                                  num_sms=num_sms, one_gpu_per_rank=one_gpu_per_rank,
+                                  eplb_local_stats=eplb_local_stats)
     views = recv_views(workspace, ep_rank, config, runtime_max_tokens_per_rank, payloads, quant_format=quant_format,
                        swizzled_scales=swizzled_scales)
     return views, recv_counts
@@ -85,7 +92,8 @@ def dispatch_counts(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConf
                     quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
                     swizzled_scales: bool = False, debug: Optional[bool] = None, num_sms: int = 0,
                     phase: int = 0, one_gpu_per_rank: bool = False,
-                    launch: Optional[Callable[..., None]] = None) -> torch.Tensor:
+                    launch: Optional[Callable[..., None]] = None,
+                    eplb_local_stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`dispatch` without building the receive views (see :func:`recv_views`); returns ``recv_counts``,
     written into the given ``[ep_size] int32`` tensor if any. ``num_sms``: size the grid for at most this many
     multiprocessors (0: all). ``phase=1`` sends only (see :mod:`flashinfer_a2a.split_phase`). ``one_gpu_per_rank``:
@@ -102,7 +110,8 @@ def dispatch_counts(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConf
     (ops.dispatch if launch is None else launch)(
         workspace, topk_ids, list(payloads), recv_counts, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
         num_experts, _config.timeout_or_default(timeout_s), 0 if fmt is None else fmt.code,
-        global_scale_tensor(global_scale, workspace), swizzled_scales, phase, num_sms, one_gpu_per_rank)
+        global_scale_tensor(global_scale, workspace), swizzled_scales, phase, num_sms, one_gpu_per_rank,
+        eplb_local_stats)
     if debug:
         debug_check(workspace, ep_rank, True)
     return recv_counts
@@ -195,3 +204,13 @@ def sanitize_expert_ids(recv_topk_ids: torch.Tensor, recv_counts: torch.Tensor, 
     ``>= recv_counts[src]`` in each source block with ``invalid_id``, so expert kernels can run on the padded shape.
     """
     ops.sanitize_expert_ids(recv_topk_ids, recv_counts, invalid_id)
+
+
+def set_active_ranks(workspace: torch.Tensor, ep_rank: int, ep_size: int, ranks: Optional[Sequence[int]]) -> None:
+    """Makes ``ranks`` (None: every rank) the active set of rank ``ep_rank``'s steps from the next dispatch on, on the
+    current stream (:mod:`flashinfer_a2a.library.active_ranks`): tokens routed to the experts of other ranks are not
+    sent, and no kernel signals or waits for them. Call it between a combine and the next dispatch, on every active
+    rank alike. A rank that comes back must first take the epoch of the ranks that stayed
+    (:func:`flashinfer_a2a.library.active_ranks.write_epoch`; :meth:`flashinfer_a2a.MoeAlltoAll.set_active_ranks`
+    does so)."""
+    active_ranks.write_inactive(workspace, ep_rank, active_ranks.inactive_bits(ranks, ep_size, ep_rank))

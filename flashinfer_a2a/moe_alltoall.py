@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
@@ -11,7 +11,7 @@ from . import functional as F
 from .agreement import check_agreement, construction_record
 from .comm import as_communicator
 from .library import sizing
-from .library.checks import check_combine_tensors
+from .library.checks import check_combine_tensors, check_eplb_local_stats
 from .library.combine_mode import default_push_combine, pushed_wires
 from .library.wire_formats import check_combine_format, wire_format
 from .transports.base import Transport
@@ -88,6 +88,15 @@ class MoeAlltoAll:
             caller's work so far and return; :meth:`dispatch_recv` and :meth:`combine_recv` make the caller's stream
             wait for them. What the caller queues in between runs beside the transfer, on the multiprocessors
             ``num_sms`` leaves. The whole calls stay on the caller's stream. nvlink transport only.
+        eplb_stats_num_experts: length of the EPLB statistics a dispatch may carry (0: none; at most
+            :data:`flashinfer_a2a.functional.MAX_EPLB_EXPERTS`): each :meth:`dispatch` given ``eplb_local_stats``
+            delivers every rank's in :attr:`eplb_gathered_stats`, inside the dispatch (no extra collective, no host
+            synchronisation). nvlink transport only.
+
+    Active ranks (:meth:`set_active_ranks`, or ``active_ranks`` of a dispatch): tokens routed to the experts of a
+    rank outside the set are not sent and add nothing to the combine (no top-k renormalisation), its receive count
+    is 0, and no kernel waits for it; the set lives in device memory, so CUDA graphs follow the set in force at
+    replay. nvlink transport only.
     """
 
     def __init__(
@@ -113,6 +122,7 @@ class MoeAlltoAll:
         namespace: str = "default",
         num_sms: Optional[int] = None,
         comm_stream: bool | torch.cuda.Stream | None = None,
+        eplb_stats_num_experts: int = 0,
     ) -> None:
         self.comm = as_communicator(group)
         # Before anything is checked or allocated: every rank raises alike on a difference (and on a bad argument).
@@ -123,7 +133,8 @@ class MoeAlltoAll:
             push_combine=push_combine, dispatch_bytes_per_token=dispatch_bytes_per_token,
             combine_bytes_per_token=combine_bytes_per_token, transport=transport, exact=exact, node_size=node_size,
             num_sms=num_sms, namespace=namespace,  # the namespace too: sharing and growth must be collective
-            comm_stream=comm_stream is not None and comm_stream is not False))
+            comm_stream=comm_stream is not None and comm_stream is not False,
+            eplb_stats_num_experts=eplb_stats_num_experts))
         check_transport_choice(transport, exact, node_size, self.comm.size)
         check_comm_stream(comm_stream)
         if num_sms is not None and (not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 1):
@@ -138,6 +149,12 @@ class MoeAlltoAll:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+        if (not isinstance(eplb_stats_num_experts, int) or isinstance(eplb_stats_num_experts, bool)
+                or not 0 <= eplb_stats_num_experts <= F.MAX_EPLB_EXPERTS):
+            raise ValueError(f"eplb_stats_num_experts must be an int in [0, {F.MAX_EPLB_EXPERTS}], got "
+                             f"{eplb_stats_num_experts!r}")
+        self.eplb_stats_num_experts = eplb_stats_num_experts
+        self._eplb_gathered: Optional[torch.Tensor] = None
         if push_combine is not None and not isinstance(push_combine, bool):
             raise ValueError(f"push_combine must be None (decided by max_num_tokens and the transport), True or "
                              f"False, got {push_combine!r}")
@@ -160,6 +177,9 @@ class MoeAlltoAll:
                                  f"for: hidden_size={hidden_size} x {dtype} needs >= {needed}")
         # After every argument check (collective for "auto"): the default push_combine depends on the transport.
         self.transport = resolve_transport(self.comm, transport, device)
+        if eplb_stats_num_experts and self.transport != "nvlink":
+            raise ValueError(f"eplb_stats_num_experts={eplb_stats_num_experts}: EPLB statistics travel with the "
+                             f"nvlink transport only (transport={transport!r} resolved to {self.transport})")
         if push_combine is None:
             push_combine = (combine_bytes_per_token is None
                             and default_push_combine(max_num_tokens, self.comm.size, self.transport))
@@ -211,7 +231,8 @@ class MoeAlltoAll:
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor],
                  runtime_max_tokens_per_rank: Optional[int] = None, *, timeout_s: Optional[float] = None,
                  quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
-                 swizzled_scales: bool = False):
+                 swizzled_scales: bool = False, eplb_local_stats: Optional[torch.Tensor] = None,
+                 active_ranks: Optional[Iterable[int]] = None):
         """Sends each token's payload rows to the ranks of its top-k experts (see
         :func:`flashinfer_a2a.functional.dispatch`). Returns ``(recv_payloads, recv_counts)``: views
         ``[ep_size, runtime_max, ...]`` of the workspace and ``[ep_size] int32``, both valid until the next dispatch
@@ -220,18 +241,28 @@ class MoeAlltoAll:
         ``runtime_max_tokens_per_rank`` (default ``max_num_tokens``) must be the same on every rank.
         ``quant_format`` / ``global_scale`` / ``swizzled_scales``: quantize ``payloads[0]`` while sending it (see
         :func:`flashinfer_a2a.functional.dispatch`); it then arrives as two views, values and scales.
+        ``eplb_local_stats``: this rank's ``[eplb_stats_num_experts] int32`` EPLB statistics; every rank's are then in
+        :attr:`eplb_gathered_stats`. ``active_ranks``: the active set from this step on (:meth:`set_active_ranks`;
+        None keeps the set in force).
         """
-        return self._transport.dispatch(topk_ids, payloads, self._runtime_max(runtime_max_tokens_per_rank),
-                                        self._timeout(timeout_s), quant_format, global_scale, swizzled_scales)
+        stats = self._eplb_stats(eplb_local_stats, active_ranks)
+        result = self._transport.dispatch(topk_ids, payloads, self._runtime_max(runtime_max_tokens_per_rank),
+                                          self._timeout(timeout_s), quant_format, global_scale, swizzled_scales,
+                                          stats)
+        self._gathered(stats)
+        return result
 
     def dispatch_send(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor],
                       runtime_max_tokens_per_rank: Optional[int] = None, *, timeout_s: Optional[float] = None,
                       quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
-                      swizzled_scales: bool = False) -> None:
+                      swizzled_scales: bool = False, eplb_local_stats: Optional[torch.Tensor] = None,
+                      active_ranks: Optional[Iterable[int]] = None) -> None:
         """The send half of :meth:`dispatch` (same arguments; :mod:`flashinfer_a2a.split_phase`):
         :meth:`dispatch_recv` returns what dispatch does."""
+        stats = self._eplb_stats(eplb_local_stats, active_ranks)
         self._transport.dispatch_send(topk_ids, payloads, self._runtime_max(runtime_max_tokens_per_rank),
-                                      self._timeout(timeout_s), quant_format, global_scale, swizzled_scales)
+                                      self._timeout(timeout_s), quant_format, global_scale, swizzled_scales, stats)
+        self._gathered(stats)
 
     def dispatch_recv(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Waits for the peers' :meth:`dispatch_send` and returns ``(recv_payloads, recv_counts)``, as
@@ -253,22 +284,27 @@ class MoeAlltoAll:
         return self._transport.combine_mode(quant_format, runtime_max)
 
     def combine(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
-                timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> torch.Tensor:
+                timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
+                active_ranks: Optional[Iterable[int]] = None) -> torch.Tensor:
         """Sums each local token's partials over the ranks it went to, in increasing rank order in fp32 (see
         :func:`flashinfer_a2a.functional.combine`). ``partials`` None means :meth:`combine_input` was written.
-        ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales."""
+        ``quant_format="fp8_block"``: the partials cross NVLink as FP8 with block scales. ``active_ranks``, if
+        given, must be the dispatch's set (the set changes only between steps)."""
         check_combine_tensors(partials, out)  # first: the row shape is read off them below
+        self._check_active(active_ranks)
         given = partials if partials is not None else out  # a row shape given wins over the constructor's
         hidden, dtype = self._combine_row(*((given.shape[-1], given.dtype) if given is not None else (None, None)))
         return self._transport.combine(partials, out, hidden, dtype, self._timeout(timeout_s), quant_format)
 
     def combine_send(self, partials: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
-                     timeout_s: Optional[float] = None, quant_format: Optional[str] = None) -> None:
+                     timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
+                     active_ranks: Optional[Iterable[int]] = None) -> None:
         """The send half of :meth:`combine` (same arguments): publishes this rank's partials (None:
         :meth:`combine_input` was written). Keep ``partials`` unchanged until :meth:`combine_recv` has run.
         ``out`` here or at :meth:`combine_recv` (with ``comm_stream`` here only: the send queues the receive kernel,
         which writes it)."""
         check_combine_tensors(partials, out)
+        self._check_active(active_ranks)
         self._transport.combine_send(partials, *self._combine_row(None, None), self._timeout(timeout_s),
                                      quant_format, out)
 
@@ -277,6 +313,48 @@ class MoeAlltoAll:
         None, or the one given to :meth:`combine_send`), as :meth:`combine` does."""
         check_combine_tensors(None, out)
         return self._transport.combine_recv(out, *self._combine_row(None, None))
+
+    @property
+    def active_ranks(self) -> tuple[int, ...]:
+        """The active set in force for this layer's workspace (every rank unless set otherwise)."""
+        return self._transport.active_ranks
+
+    def set_active_ranks(self, ranks: Optional[Iterable[int]] = None) -> None:
+        """Makes ``ranks`` (None: every rank; it must include this rank) the active set of every layer sharing this
+        workspace, from the next dispatch on: tokens routed to the experts of other ranks are not sent and add
+        nothing to combines, their receive counts are 0, and no kernel waits for them; ranks outside the set make no
+        calls. Between a combine and the next dispatch, never during a CUDA-graph capture (graphs captured before
+        follow the set in force at replay). Dropping ranks takes no collective; a set that takes ranks back is
+        collective over the whole group, the returning ranks included (they take the epoch of the ranks that
+        stayed, after a host synchronisation). nvlink transport only."""
+        self._transport.set_active_ranks(ranks)
+
+    @property
+    def eplb_gathered_stats(self) -> Optional[torch.Tensor]:
+        """``[ep_size, eplb_stats_num_experts] int32``: every rank's EPLB statistics carried by the last dispatch
+        given ``eplb_local_stats`` (row r: rank r's; 0 for a rank outside the active set), a view of the workspace
+        valid until the next dispatch; None if the last dispatch carried none."""
+        return self._eplb_gathered
+
+    def _eplb_stats(self, stats: Optional[torch.Tensor], active_ranks: Optional[Iterable[int]]) -> Optional[torch.Tensor]:
+        """Before a dispatch: the active set it asks for, and its EPLB statistics checked against this layer."""
+        if stats is not None:
+            if not self.eplb_stats_num_experts:
+                raise ValueError("eplb_local_stats given, but this MoeAlltoAll was built with "
+                                 "eplb_stats_num_experts=0")
+            check_eplb_local_stats(stats, self.workspace, num_experts=self.eplb_stats_num_experts)
+        if active_ranks is not None:
+            self._transport.set_active_ranks(active_ranks)
+        return stats
+
+    def _gathered(self, stats: Optional[torch.Tensor]) -> None:
+        self._eplb_gathered = None if stats is None else F.eplb_gathered_stats(
+            self.workspace, self.comm.rank, self.config, self.eplb_stats_num_experts)
+
+    def _check_active(self, active_ranks: Optional[Iterable[int]]) -> None:
+        if active_ranks is not None and tuple(sorted(active_ranks)) != self.active_ranks:
+            raise ValueError(f"active_ranks={sorted(active_ranks)} differ from the dispatch's "
+                             f"{list(self.active_ranks)}: a combine runs with its dispatch's set")
 
     def _runtime_max(self, runtime_max_tokens_per_rank: Optional[int]) -> int:
         runtime_max = self.config.max_num_tokens if runtime_max_tokens_per_rank is None else runtime_max_tokens_per_rank

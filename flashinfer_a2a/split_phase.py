@@ -62,7 +62,8 @@ def dispatch_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConf
                   recv_counts: Optional[torch.Tensor] = None, timeout_s: Optional[float] = None,
                   quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
                   swizzled_scales: bool = False, debug: Optional[bool] = None, num_sms: int = 0,
-                  comm_stream: Optional[CommStream] = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+                  comm_stream: Optional[CommStream] = None,
+                  eplb_local_stats: Optional[torch.Tensor] = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The send half of :func:`flashinfer_a2a.functional.dispatch` (same arguments): routes and stores this rank's
     rows into the peers' workspaces and signals them, without waiting for theirs. With ``comm_stream``: the send
     and the receive kernels, queued on that stream after the current stream's work.
@@ -75,7 +76,7 @@ def dispatch_send(workspace: torch.Tensor, ep_rank: int, config: F.WorkspaceConf
     counts = F.dispatch_counts(workspace, ep_rank, config, topk_ids, payloads, runtime_max_tokens_per_rank,
                                num_experts, timeout_s=timeout_s, recv_counts=recv_counts, quant_format=quant_format,
                                global_scale=global_scale, swizzled_scales=swizzled_scales, debug=debug,
-                               num_sms=num_sms, phase=SPLIT_SEND, launch=launch)
+                               num_sms=num_sms, phase=SPLIT_SEND, launch=launch, eplb_local_stats=eplb_local_stats)
     if comm_stream is not None:  # the receive follows the send on the communication stream
         comm_stream.op(ops.dispatch_recv)(workspace, counts, ep_rank, *config.sizes(), runtime_max_tokens_per_rank,
                                           timeout_s)

@@ -15,6 +15,7 @@ from flashinfer_a2a import functional as F
 from flashinfer_a2a.jit import get_a2a_module
 from flashinfer_a2a.library import ops as fa_ops
 
+_METAINFO = len(fa_ops.METAINFO_NAMES)
 SIZES = dict(ep_size=2, max_num_tokens=16, top_k=4, dispatch_bytes_per_token=4096, combine_bytes_per_token=512)
 
 
@@ -80,7 +81,7 @@ def valid_args(op: str, sizes: dict, given: dict) -> dict:
     defaults = {
         "dispatch": dict(topk_ids=lambda: ids(5, 4), payloads=lambda: [rows(5, 256)], runtime_max_tokens_per_rank=16,
                          num_experts=8, timeout_s=10.0, quant_format=0, global_scale=None, swizzled_scales=False,
-                         phase=0, num_sms=0),
+                         phase=0, num_sms=0, eplb_local_stats=None),
         "dispatch_recv": dict(runtime_max_tokens_per_rank=16, timeout_s=10.0),
         "combine": dict(partials=lambda: rows(2, 16, 128), out=lambda: rows(5, 128), runtime_max_tokens_per_rank=16,
                         timeout_s=10.0, one_gpu_per_rank=False, quant_format=0, combine_mode=0, phase=0, num_sms=0),
@@ -270,10 +271,10 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
     # ---- Initialize (csrc/workspace.cu)
     "Initialize: IsDType(metainfo, kDLInt, 64) && metainfo.ndim() == 1 && metainfo.size(0) == kNumMetainfo && "
     "metainfo.IsContiguous() && metainfo.device().device_type == kDLCPU": (
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int32, (16,), "cpu")), ValueError, "metainfo must be"),
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (16, 1), "cpu")), ValueError, "metainfo must be"),
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (15,), "cpu")), ValueError, r"shape \[16\]"),
-        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (16,), "cpu", strides=(2,))), ValueError,
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int32, (_METAINFO,), "cpu")), ValueError, "metainfo must be"),
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (_METAINFO, 1), "cpu")), ValueError, "metainfo must be"),
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (_METAINFO - 1,), "cpu")), ValueError, rf"shape \[{_METAINFO}\]"),
+        Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (_METAINFO,), "cpu", strides=(2,))), ValueError,
             "metainfo must be a contiguous"),
         Bad("initialize", lambda: dict(metainfo=tensor(torch.int64, (16,))), ValueError, "CPU int64")),
     # A real tensor here is on CUDA or the CPU; a fake one may claim another device.
@@ -317,6 +318,20 @@ TABLE: dict[str, Bad | tuple[Bad, ...] | Unreachable] = {
     'Dispatch: CheckSameDevice(topk_ids, workspace, "topk_ids", "workspace")':
         Bad("dispatch", lambda: dict(topk_ids=ids(5, 4, device="cpu")), ValueError, "topk_ids must be on the same"),
     "Dispatch: TimeoutNs(timeout_s)": Bad("dispatch", lambda: dict(timeout_s=-1.0), ValueError, "timeout_s"),
+    "Dispatch: IsDType(stats, kDLInt, 32)":
+        Bad("dispatch", lambda: dict(eplb_local_stats=ids(8, dtype=torch.int64)), TypeError,
+            "eplb_local_stats must be int32"),
+    "Dispatch: stats.ndim() == 1 && stats.size(0) >= 1 && stats.size(0) <= kMaxEplbExperts": (
+        Bad("dispatch", lambda: dict(eplb_local_stats=ids(2, 4)), ValueError,
+            r"eplb_local_stats must be \[eplb_stats_num_experts\]"),
+        Bad("dispatch", lambda: dict(eplb_local_stats=ids(0)), ValueError, "with 1 to 1024 entries"),
+        Bad("dispatch", lambda: dict(eplb_local_stats=ids(1025)), ValueError, "got 1 dims of 1025 entries")),
+    'Dispatch: CheckContiguous(stats, "eplb_local_stats")':
+        Bad("dispatch", lambda: dict(eplb_local_stats=ids(8, strides=(2,))), ValueError,
+            "eplb_local_stats must be contiguous"),
+    'Dispatch: CheckSameDevice(stats, workspace, "eplb_local_stats", "workspace")':
+        Bad("dispatch", lambda: dict(eplb_local_stats=ids(8, device="cpu")), ValueError,
+            "eplb_local_stats must be on the same device as workspace"),
     'Dispatch: CheckQuantPayload(ToQuantFormat(quant_format), payloads, global_scale, workspace, "workspace", '
     'swizzled_scales)':
         Bad("dispatch", lambda: quantizing(3, global_scale=None), ValueError, "quant_format nvfp4 needs global_scale"),

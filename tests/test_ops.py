@@ -17,7 +17,7 @@ def _align(x, a=128):
 
 
 # RankMetadata written out by hand: (field, bytes), each block 128-byte aligned, sized for 72 ranks.
-_META_BLOCKS = [("epochs", 5 * 4), ("error", 4 * 4 + 8), ("dispatch_signal", 72 * 8), ("peer_runtime_max", 72 * 8),
+_META_BLOCKS = [("epochs", 5 * 4 + 3 * 4), ("error", 4 * 4 + 8), ("dispatch_signal", 72 * 8), ("peer_runtime_max", 72 * 8),
                 ("peer_call_layout", 72 * 16), ("combine_signal", 72 * 4)]
 
 
@@ -26,12 +26,13 @@ def _expected(ep_size, max_tokens, top_k, dispatch_bytes, combine_bytes):
     for name, size in _META_BLOCKS:
         offsets[name] = at
         at += _align(size)
-    push_flags = at
+    eplb = at  # [ep_size, 1024] int32 after the metadata
+    push_flags = _align(eplb + ep_size * 1024 * 4)
     routing = _align(push_flags + ep_size * max_tokens * 4)
     dispatch = _align(routing + max_tokens * top_k * 4)
     combine = _align(dispatch + ep_size * max_tokens * dispatch_bytes + 8 * 128)
     total = _align(combine + ep_size * max_tokens * combine_bytes)
-    return offsets, {"metadata_bytes": at, "push_flags_offset": push_flags, "routing_offset": routing,
+    return offsets, {"metadata_bytes": at, "eplb_offset": eplb, "push_flags_offset": push_flags, "routing_offset": routing,
                      "dispatch_offset": dispatch, "combine_offset": combine, "bytes_per_rank": total}
 
 
@@ -58,6 +59,7 @@ def test_workspace_size_and_metainfo(sizes):
     assert got["dispatch_signal_offset"] == offsets["dispatch_signal"]
     assert got["peer_runtime_max_offset"] == offsets["peer_runtime_max"]
     assert got["combine_signal_offset"] == offsets["combine_signal"]
+    assert got["inactive_ranks_offset"] == offsets["epochs"] + 5 * 4  # after the five epoch and claim words
     # initialize cleared exactly this rank's metadata and push flags
     assert torch.all(workspace[ep_size - 1, : regions["routing_offset"]] == 0)
     assert torch.all(workspace[ep_size - 1, regions["routing_offset"] :] == 0x5A)

@@ -17,8 +17,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .combine_mode import check_combine_mode_code
-from .constants import (FP8_WIRE_HIDDEN_MULTIPLE, FP8_WIRE_MAX_HIDDEN, MAX_EP_SIZE, MAX_NUM_TOKENS_LIMIT, MAX_PAYLOADS,
-                        MAX_TIMEOUT_S, MAX_TOP_K, QUANT_FORMAT_CODES, check_sizes)
+from .constants import (FP8_WIRE_HIDDEN_MULTIPLE, FP8_WIRE_MAX_HIDDEN, MAX_EP_SIZE, MAX_EPLB_EXPERTS, MAX_NUM_TOKENS_LIMIT,
+                        MAX_PAYLOADS, MAX_TIMEOUT_S, MAX_TOP_K, QUANT_FORMAT_CODES, check_sizes)
 from .nccl_wire import WIRE_ALIGN, NcclWire, dispatch_wire, quant_row_bytes
 from .wire_formats import WIRE_FORMATS, WireFormat, fp8_wire_row_bytes, wire_format
 
@@ -163,7 +163,8 @@ def check_initialize_args(workspace: torch.Tensor, metainfo: torch.Tensor, ep_ra
 def check_dispatch_args(workspace: torch.Tensor, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor],
                         recv_counts: torch.Tensor, ep_rank: int, sizes: Sequence[int], runtime_max: int,
                         num_experts: int, timeout_s: float, quant_format: int,
-                        global_scale: Optional[torch.Tensor], swizzled_scales: bool = False) -> None:
+                        global_scale: Optional[torch.Tensor], swizzled_scales: bool = False,
+                        eplb_local_stats: Optional[torch.Tensor] = None) -> None:
     """The checks of the C++ ``Dispatch`` entry (all but the data pointers': see :func:`_offset_aligned`)."""
     check_sizes(*sizes)
     ep_size, max_num_tokens, top_k = sizes[0], sizes[1], sizes[2]
@@ -185,6 +186,8 @@ def check_dispatch_args(workspace: torch.Tensor, topk_ids: torch.Tensor, payload
         raise ValueError(f"num_experts must be in [1, 2^31), got {num_experts}")
     _check_counts(recv_counts, ep_size, workspace)
     _check_timeout(timeout_s)
+    if eplb_local_stats is not None:
+        check_eplb_local_stats(eplb_local_stats, workspace)
     _check_quant_format(quant_format)
     most = MAX_PAYLOADS - (quant_format != 0)
     if len(payloads) > most:
@@ -197,6 +200,24 @@ def check_dispatch_args(workspace: torch.Tensor, topk_ids: torch.Tensor, payload
         _check_same_device(p, workspace, f"payloads[{i}]", "workspace")
     _check_quant_request(payloads, quant_format, global_scale, swizzled_scales, workspace)
     _check_payload_bytes(payloads, sizes, runtime_max, quant_format, swizzled_scales)
+
+
+def check_eplb_local_stats(stats: torch.Tensor, ref: torch.Tensor, ref_name: str = "workspace",
+                           num_experts: Optional[int] = None) -> None:
+    """The C++ ``Dispatch`` entry's checks of ``eplb_local_stats``; with ``num_experts`` (a layer's
+    ``eplb_stats_num_experts``) its length too."""
+    check_tensor(stats, "eplb_local_stats")
+    if stats.dtype != torch.int32:
+        raise TypeError(f"eplb_local_stats must be int32, got dtype {stats.dtype}")
+    length = stats.shape[0] if stats.dim() > 0 else 0
+    if stats.dim() != 1 or not 1 <= length <= MAX_EPLB_EXPERTS:
+        raise ValueError(f"eplb_local_stats must be [eplb_stats_num_experts] with 1 to {MAX_EPLB_EXPERTS} entries, "
+                         f"got {stats.dim()} dims of {length} entries")
+    if num_experts is not None and length != num_experts:
+        raise ValueError(f"eplb_local_stats must be [eplb_stats_num_experts={num_experts}] int32, got {length} "
+                         "entries")
+    _check_contiguous(stats, "eplb_local_stats")
+    _check_same_device(stats, ref, "eplb_local_stats", ref_name)
 
 
 def _check_quant_format(quant_format: int) -> None:

@@ -13,6 +13,7 @@ import functools
 MAX_EP_SIZE = 72  # kMaxRanks: one GB200 NVL72 NVLink domain
 MAX_TOP_K = 32  # kMaxTopK
 MAX_PAYLOADS = 8  # kMaxPayloads
+MAX_EPLB_EXPERTS = 1024  # kMaxEplbExperts: EPLB statistics a dispatch carries per rank
 MAX_NUM_TOKENS_LIMIT = 1 << 24  # max_num_tokens must stay below: slots take kRouteSlotBits of a routing entry
 MAX_TIMEOUT_S = 1e6  # TimeoutNs in csrc/kernels.h
 QUANT_FORMAT_CODES = range(4)  # QuantFormat: none, fp8_block, mxfp8, nvfp4
@@ -27,6 +28,7 @@ PINNED = {
     "MAX_EP_SIZE": "max_ep_size",
     "MAX_TOP_K": "max_top_k",
     "MAX_PAYLOADS": "max_payloads",
+    "MAX_EPLB_EXPERTS": "max_eplb_experts",
     "MAX_NUM_TOKENS_LIMIT": "max_num_tokens_limit",
     "SPLIT_BOTH": "split_both",
     "SPLIT_SEND": "split_send",

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import ops
-from .constants import MAX_PAYLOADS, check_sizes
+from .constants import MAX_EPLB_EXPERTS, MAX_PAYLOADS, check_sizes
 from .wire_formats import WIRE_FORMATS, wire_format
 
 
@@ -117,9 +117,9 @@ def _align128(x):
 
 
 @torch.compiler.assume_constant_result
-def _push_flags_offset() -> int:
-    """Where a rank's metadata ends (from the C++ layout)."""
-    return metadata_offsets()["push_flags_offset"]
+def _eplb_offset() -> int:
+    """Where a rank's metadata ends and its EPLB region begins (from the C++ layout; no size moves it)."""
+    return metadata_offsets()["eplb_offset"]
 
 
 def traced_layout_offsets(sizes: tuple, runtime_max, payload_row_bytes: tuple, quant_code: int = 0, quant_hidden=0,
@@ -129,12 +129,13 @@ def traced_layout_offsets(sizes: tuple, runtime_max, payload_row_bytes: tuple, q
     constants. The offsets become expressions the compiled graph evaluates per call (constants where the sizes are).
 
     It repeats ``ComputeLayout``, ``PlanRecvRegions`` and ``ComputeRecvOffsets`` (workspace_layout.cuh,
-    csrc/workspace.h): regions one after the other, each starting on 128 bytes, the receive regions ``ep_size``
-    source blocks each. That copy must exist (the C++ takes ints, not expressions); tests/test_dynamic_shapes.py
+    csrc/workspace.h): regions one after the other, each starting on 128 bytes, the EPLB region ``ep_size`` rows of
+    ``MAX_EPLB_EXPERTS`` int32, the receive regions ``ep_size`` source blocks each. That copy must exist (the C++ takes ints, not expressions); tests/test_dynamic_shapes.py
     pins it to the C++ over random shapes and every wire format. The size checks run in the ops, on real sizes.
     """
     ep_size, max_tokens, top_k, dispatch_bytes, _ = sizes
-    routing = _align128(_push_flags_offset() + ep_size * max_tokens * 4)
+    push_flags = _align128(_eplb_offset() + ep_size * MAX_EPLB_EXPERTS * 4)
+    routing = _align128(push_flags + ep_size * max_tokens * 4)
     offset = _align128(routing + max_tokens * top_k * 4)  # the dispatch region, where the first receive region is
     combine_offset = _align128(offset + ep_size * max_tokens * dispatch_bytes + MAX_PAYLOADS * 128)
     blocks = []
@@ -201,6 +202,15 @@ def combine_input(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig
         combine_offset = layout_offsets(config.sizes(), runtime_max_tokens_per_rank, ())[0]
     shape = (config.ep_size, runtime_max_tokens_per_rank, hidden)
     return workspace_view(workspace, ep_rank, combine_offset, shape, dtype)
+
+
+def eplb_gathered_stats(workspace: torch.Tensor, ep_rank: int, config: WorkspaceConfig,
+                        eplb_stats_num_experts: int) -> torch.Tensor:
+    """The EPLB statistics a dispatch with ``eplb_local_stats`` gathered on rank ``ep_rank``: a
+    ``[ep_size, eplb_stats_num_experts] int32`` view of its workspace (row r: rank r's statistics, 0 for an inactive
+    rank), valid until the next dispatch. Rows are ``MAX_EPLB_EXPERTS`` apart (not contiguous unless that many)."""
+    rows = workspace_view(workspace, ep_rank, _eplb_offset(), (config.ep_size, MAX_EPLB_EXPERTS), torch.int32)
+    return rows[:, :eplb_stats_num_experts]
 
 
 def get_metainfo_index_pairs() -> dict[str, int]:

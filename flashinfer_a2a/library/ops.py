@@ -30,7 +30,9 @@ METAINFO_NAMES = (
     "dispatch_signal_offset",
     "peer_runtime_max_offset",
     "combine_signal_offset",
+    "inactive_ranks_offset",
     "metadata_bytes",
+    "eplb_offset",
     "push_flags_offset",
     "routing_offset",
     "dispatch_offset",
@@ -145,28 +147,29 @@ def _initialize_fake(workspace, metainfo, ep_rank, *sizes):
     "dispatch(Tensor(a!) workspace, Tensor topk_ids, Tensor[] payloads, Tensor(b!) recv_counts, int ep_rank, "
     f"{_SIZES}, SymInt runtime_max_tokens_per_rank, int num_experts, float timeout_s, int quant_format=0, "
     "Tensor? global_scale=None, bool swizzled_scales=False, int phase=0, int num_sms=0, "
-    "bool one_gpu_per_rank=False) -> ()",
+    "bool one_gpu_per_rank=False, Tensor? eplb_local_stats=None) -> ()",
     dispatch_key="CUDA",
 )
 def dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
              dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts, timeout_s,
-             quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0, one_gpu_per_rank=False):
+             quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0, one_gpu_per_rank=False,
+             eplb_local_stats=None):
     get_a2a_module().dispatch(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens,
                               top_k, dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank,
                               num_experts, timeout_s, quant_format, global_scale, swizzled_scales, phase, num_sms,
-                              one_gpu_per_rank)
+                              one_gpu_per_rank, eplb_local_stats)
 
 
 @dispatch.register_fake
 def _dispatch_fake(workspace, topk_ids, payloads, recv_counts, ep_rank, ep_size, max_num_tokens, top_k,
                    dispatch_bytes_per_token, combine_bytes_per_token, runtime_max_tokens_per_rank, num_experts,
                    timeout_s, quant_format=0, global_scale=None, swizzled_scales=False, phase=0, num_sms=0,
-                   one_gpu_per_rank=False):
+                   one_gpu_per_rank=False, eplb_local_stats=None):
     sizes = (ep_size, max_num_tokens, top_k, dispatch_bytes_per_token, combine_bytes_per_token)
     _check.check_split_args("dispatch", phase, ("send and receive", "send only"), num_sms)
     _check.check_dispatch_args(workspace, topk_ids, payloads, recv_counts, ep_rank, sizes,
                                runtime_max_tokens_per_rank, num_experts, timeout_s, quant_format, global_scale,
-                               swizzled_scales)
+                               swizzled_scales, eplb_local_stats)
 
 
 # The receive half of a dispatch sent with phase=1 (flashinfer_a2a.split_phase): one block waits for the peers'

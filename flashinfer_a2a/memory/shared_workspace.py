@@ -23,7 +23,7 @@ from typing import Any, Hashable, Optional
 
 import torch
 
-from ..library import layout
+from ..library import active_ranks, layout
 from ..comm import Communicator
 from .call_order import CallOrder, StreamOrder
 from .lifecycle import barrier_within, release_workspace
@@ -55,6 +55,9 @@ class SharedWorkspace:
         #: each user's eager calls (flashinfer_a2a.transports.nvlink_eager, with its receive views), by the user's
         #: instance number; cleared when the workspace moves.
         self.eager_calls: dict[int, Any] = {}
+        #: bitmask of the ranks outside the active set (flashinfer_a2a.library.active_ranks), also in this rank's
+        #: metadata, where the kernels read it
+        self.inactive = 0
         self.users = 0
         self.allocations = 0  # how many times memory was allocated (tests and logs)
         #: orders every user's steps across streams (they share the epochs and the pending dispatch)
@@ -84,6 +87,8 @@ class SharedWorkspace:
         self.eager_calls.clear()
         try:
             self.metainfo = layout.initialize(self.tensor, self.comm.rank, want)
+            if self.inactive:  # initialize cleared it with the rest of the metadata
+                active_ranks.write_inactive(self.tensor, self.comm.rank, self.inactive)
             self._quiesce("initialized its workspace")  # every rank initialized before any rank dispatches
         except BaseException:
             self._free()  # a failed construction or growth keeps nothing

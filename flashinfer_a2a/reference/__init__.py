@@ -322,6 +322,8 @@ def reference_dispatch(
     payloads: Sequence[Sequence[torch.Tensor]],
     num_experts: int,
     runtime_max_tokens_per_rank: int,
+    *,
+    active_ranks: Sequence[int] | None = None,
 ) -> DispatchResult:
     """Send each token's payload rows once to every distinct rank that owns one of its top-k experts.
 
@@ -332,6 +334,8 @@ def reference_dispatch(
             the same trailing shape and dtype on every rank.
         num_experts: total experts, partitioned as in :func:`expert_to_rank`.
         runtime_max_tokens_per_rank: rows per receive block; every ``num_tokens_r`` must be at most this.
+        active_ranks: the ranks taking part (None: all). A token is not sent to a rank outside them (its experts
+            there are dropped), and a rank outside them sends nothing (its ids and payloads are ignored).
 
     Returns:
         :class:`DispatchResult`. In block ``[d][src]`` the rows are the tokens of ``src`` that go to ``d`` in
@@ -346,14 +350,27 @@ def reference_dispatch(
     _check_payloads(payloads, topk_ids)
     ep_size = len(topk_ids)
 
-    masks = [
+    masks = _active_masks([
         _rank_mask_from_ranks(_expert_to_rank_unchecked(ids, num_experts, ep_size), ep_size) for ids in topk_ids
-    ]
+    ], active_ranks)
     slots = [_slots_from_mask(mask) for mask in masks]
     sent = torch.stack([mask.sum(dim=0) for mask in masks])  # [src, dst] rows sent
     recv_counts = [sent[:, d].to(torch.int32).contiguous() for d in range(ep_size)]
     recv_payloads = [_dispatch_one_rank(d, masks, payloads, runtime_max) for d in range(ep_size)]
     return DispatchResult(recv_payloads, recv_counts, slots, num_experts, runtime_max)
+
+
+def _active_masks(masks: list[torch.Tensor], active_ranks: Sequence[int] | None) -> list[torch.Tensor]:
+    """Each rank's ``[num_tokens, ep_size]`` send mask with the ranks outside ``active_ranks`` cleared, as
+    destinations and as sources."""
+    if active_ranks is None:
+        return masks
+    ep_size = len(masks)
+    if any(not 0 <= r < ep_size for r in active_ranks):
+        raise ValueError(f"active_ranks={list(active_ranks)} must be ranks in [0, {ep_size})")
+    active = torch.zeros(ep_size, dtype=torch.bool)
+    active[list(active_ranks)] = True
+    return [m & active.to(m.device) if active[r] else torch.zeros_like(m) for r, m in enumerate(masks)]
 
 
 def _dispatch_one_rank(
@@ -380,7 +397,8 @@ def _dispatch_one_rank(
 
 
 def _routing_slots(
-    routing: DispatchResult | Sequence[torch.Tensor], num_experts: int | None, runtime_max: int
+    routing: DispatchResult | Sequence[torch.Tensor], num_experts: int | None, runtime_max: int,
+    active_ranks: Sequence[int] | None = None,
 ) -> list[torch.Tensor]:
     if isinstance(routing, DispatchResult):
         if routing.runtime_max != runtime_max:
@@ -391,7 +409,8 @@ def _routing_slots(
     if num_experts is None:
         raise ValueError("num_experts is required when routing is a list of topk_ids")
     _check_rank_lists(routing, num_experts, runtime_max)
-    return [send_slots(ids, num_experts, len(routing)) for ids in routing]
+    masks = [token_rank_mask(ids, num_experts, len(routing)) for ids in routing]
+    return [_slots_from_mask(mask) for mask in _active_masks(masks, active_ranks)]
 
 
 def _check_partials(partials: Sequence[torch.Tensor], ep_size: int) -> None:
@@ -418,6 +437,7 @@ def reference_combine(
     num_experts: int | None = None,
     *,
     out_dtype: torch.dtype | None = None,
+    active_ranks: Sequence[int] | None = None,
 ) -> list[torch.Tensor]:
     """Sum each token's partial results from the ranks it was sent to, in increasing rank order, in fp32.
 
@@ -433,6 +453,8 @@ def reference_combine(
             ``[num_tokens_r, top_k] int32|int64`` topk_ids (then ``num_experts`` is required).
         num_experts: total experts; only used with topk_ids routing.
         out_dtype: bf16|fp16|fp32 output dtype; defaults to the partials' dtype.
+        active_ranks: with topk_ids routing, the ranks taking part (as :func:`reference_dispatch`'s; a
+            :class:`DispatchResult` carries its own): a rank outside them adds nothing, and its own output is zeros.
 
     Returns:
         per rank ``r``, ``[num_tokens_r, hidden]`` of ``out_dtype``.
@@ -443,7 +465,9 @@ def reference_combine(
     out_dtype = partials[0].dtype if out_dtype is None else out_dtype
     if out_dtype not in _COMBINE_DTYPES:
         raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
-    slots = _routing_slots(routing, num_experts, runtime_max)
+    if active_ranks is not None and isinstance(routing, DispatchResult):
+        raise ValueError("active_ranks goes with topk_ids routing: a DispatchResult carries its dispatch's set")
+    slots = _routing_slots(routing, num_experts, runtime_max, active_ranks)
     return [_combine_one_rank(r, slots[r], partials, hidden, out_dtype) for r in range(ep_size)]
 
 

@@ -4,7 +4,7 @@ checks the call order of its workspace, launches, and keeps what a later step ne
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+from typing import Iterable, Optional, Protocol, Sequence
 
 import torch
 
@@ -17,12 +17,21 @@ class Transport(Protocol):
 
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, timeout_s: float,
                  quant_format: Optional[str], global_scale: Optional[torch.Tensor | float],
-                 swizzled_scales: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``(recv_payloads, recv_counts)``: views ``[ep_size, runtime_max, ...]`` and ``[ep_size] int32``."""
+                 swizzled_scales: bool, eplb_local_stats: Optional[torch.Tensor] = None,
+                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``(recv_payloads, recv_counts)``: views ``[ep_size, runtime_max, ...]`` and ``[ep_size] int32``.
+        ``eplb_local_stats``: carried to every active rank (nvlink only)."""
 
     def dispatch_send(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int,
                       timeout_s: float, quant_format: Optional[str], global_scale: Optional[torch.Tensor | float],
-                      swizzled_scales: bool) -> None: ...
+                      swizzled_scales: bool, eplb_local_stats: Optional[torch.Tensor] = None) -> None: ...
+
+    @property
+    def active_ranks(self) -> tuple[int, ...]:
+        """The ranks taking part in the steps (flashinfer_a2a.library.active_ranks)."""
+
+    def set_active_ranks(self, ranks: Optional[Iterable[int]]) -> None:
+        """The active set from the next dispatch on (nvlink only)."""
 
     def dispatch_recv(self) -> tuple[list[torch.Tensor], torch.Tensor]: ...
 

@@ -186,8 +186,8 @@ class HierarchicalTransport:
 
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int,
                  timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
-                 global_scale: Optional[torch.Tensor | float] = None,
-                 swizzled_scales: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
+                 global_scale: Optional[torch.Tensor | float] = None, swizzled_scales: bool = False,
+                 eplb_local_stats: None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Steps 1-3 of the module docstring; returns what the flat transports return, in their layout (receive
         buffers shared by the layers of this namespace, valid until its next dispatch)."""
         if not self._alive:
@@ -432,6 +432,11 @@ class HierarchicalTransport:
         shared_scratch.release(self.scratch)
         self._pending = None
         self._alive = False
+
+    active_ranks = property(lambda self: tuple(range(self.comm.size)))
+
+    def set_active_ranks(self, ranks) -> None:
+        raise ValueError("active rank sets need transport='nvlink': NCCL's collectives between nodes take every rank")
 
     def workspace_breakdown(self) -> str:
         split = self.split

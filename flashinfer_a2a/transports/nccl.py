@@ -234,8 +234,8 @@ class NcclTransport:
 
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int,
                  timeout_s: Optional[float] = None, quant_format: Optional[str] = None,
-                 global_scale: Optional[torch.Tensor | float] = None,
-                 swizzled_scales: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
+                 global_scale: Optional[torch.Tensor | float] = None, swizzled_scales: bool = False,
+                 eplb_local_stats: None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
         """See :meth:`flashinfer_a2a.MoeAlltoAll.dispatch`: ``(recv_payloads, recv_counts)``, each payload
         ``[ep_size, runtime_max, ...]`` (a quantized first payload as values and scales), valid until the next
         dispatch."""
@@ -543,6 +543,11 @@ class NcclTransport:
 
     def combine_recv(self, *args) -> None:
         raise _nvlink_only("combine_recv")
+
+    active_ranks = property(lambda self: tuple(range(self.ep_size)))
+
+    def set_active_ranks(self, ranks) -> None:
+        raise ValueError("active rank sets need transport='nvlink': NCCL's collectives take every rank")
 
     def bind_stream(self, stream: Optional[torch.cuda.Stream]) -> None:
         raise _nvlink_only("bind_stream")

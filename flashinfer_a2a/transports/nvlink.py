@@ -13,13 +13,14 @@ joins them back; whole calls stay on the caller's stream.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
 from .. import functional as F
 from .. import split_phase
 from ..comm import Communicator
+from ..library import active_ranks
 from ..library.combine_mode import COMBINE_MODES, chosen_mode
 from ..library.constants import SPLIT_RECV, SPLIT_SEND
 from ..library.errors import debug_checks_due
@@ -73,19 +74,20 @@ class NvlinkTransport:
 
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, timeout_s: float,
                  quant_format: Optional[str], global_scale: Optional[torch.Tensor | float],
-                 swizzled_scales: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+                 swizzled_scales: bool, eplb_local_stats: Optional[torch.Tensor] = None,
+                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
         return self._dispatch("dispatch", topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
-                              swizzled_scales)
+                              swizzled_scales, eplb_local_stats)
 
     def dispatch_send(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int,
                       timeout_s: float, quant_format: Optional[str], global_scale: Optional[torch.Tensor | float],
-                      swizzled_scales: bool) -> None:
+                      swizzled_scales: bool, eplb_local_stats: Optional[torch.Tensor] = None) -> None:
         views, _ = self._dispatch("dispatch_send", topk_ids, payloads, runtime_max, timeout_s, quant_format,
-                                  global_scale, swizzled_scales)
+                                  global_scale, swizzled_scales, eplb_local_stats)
         self.shared.sent = (views, timeout_s)
 
     def _dispatch(self, call: str, topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
-                  swizzled_scales) -> tuple[list[torch.Tensor], torch.Tensor]:
+                  swizzled_scales, eplb_local_stats) -> tuple[list[torch.Tensor], torch.Tensor]:
         """A whole dispatch (``call`` "dispatch") or its send half ("dispatch_send")."""
         shared = self._begin(call)
         shared.traced_input = None
@@ -100,19 +102,20 @@ class NvlinkTransport:
             recv, counts = launch(self.workspace, self.comm.rank, self.config, topk_ids, payloads, runtime_max,
                                   self.num_experts, timeout_s=timeout_s, quant_format=quant_format,
                                   global_scale=global_scale, swizzled_scales=swizzled_scales, debug=self.debug,
-                                  num_sms=self.num_sms, **extra)
+                                  num_sms=self.num_sms, eplb_local_stats=eplb_local_stats, **extra)
         else:  # one counts tensor and cached views, valid (like the views always were) until the next dispatch
             eager = self.eager()
 
             def launch() -> list[torch.Tensor]:
                 views = eager.dispatch(topk_ids, payloads, runtime_max, timeout_s, quant_format, global_scale,
-                                       swizzled_scales, phase=phase)
+                                       swizzled_scales, phase=phase, eplb_local_stats=eplb_local_stats)
                 if on_stream is not None:  # the receive follows the send on the communication stream
                     eager.dispatch_recv(runtime_max, timeout_s)
                 return views
 
             recv = launch() if on_stream is None else on_stream.run(self.workspace, launch,
-                                                                    (topk_ids, payloads, global_scale))
+                                                                    (topk_ids, payloads, global_scale,
+                                                                     eplb_local_stats))
             counts = self.recv_counts
         shared.pending = (topk_ids.shape[0], runtime_max, counts)
         self.calls += 1
@@ -263,7 +266,8 @@ class NvlinkTransport:
         at = {name: int(self.metainfo[i]) for name, i in index.items()}
         config, ep_size, mib = self.config, self.comm.size, 1 << 20
         parts = [
-            ("metadata (epochs, signals, error record)", at["push_flags_offset"]),
+            ("metadata (epochs, signals, error record, active set)", at["eplb_offset"]),
+            (f"EPLB statistics [{ep_size}, {F.MAX_EPLB_EXPERTS}] int32", at["push_flags_offset"] - at["eplb_offset"]),
             (f"push flags [{ep_size}, {config.max_num_tokens}] uint32",
              at["routing_offset"] - at["push_flags_offset"]),
             (f"routing record [{config.max_num_tokens}, {config.top_k}] int32",
@@ -279,6 +283,36 @@ class NvlinkTransport:
         lines.append(f"mapped in this process: {ep_size * self.allocation.bytes_per_rank / mib:.2f} MiB "
                      f"({ep_size} ranks)")
         return "\n".join(lines)
+
+    @property
+    def active_ranks(self) -> tuple[int, ...]:
+        return active_ranks.ranks_of(self.shared.inactive, self.comm.size)
+
+    def set_active_ranks(self, ranks: Optional[Iterable[int]]) -> None:
+        """Makes ``ranks`` (None: every rank) the active set of the shared workspace from the next dispatch on
+        (:mod:`flashinfer_a2a.library.active_ranks`). A set that takes ranks back is collective over the whole group:
+        the returning ranks take the epoch of the ranks that stayed, after a host synchronisation."""
+        inactive = active_ranks.inactive_bits(ranks, self.comm.size, self.comm.rank)
+        self.check_alive()
+        shared = self.shared
+        if inactive == shared.inactive:
+            return
+        if shared.pending is not None:
+            raise ValueError(f"active ranks {sorted(ranks)} differ from the pending dispatch's "
+                             f"{list(self.active_ranks)}: the set changes between a combine and the next dispatch")
+        if torch.cuda.is_current_stream_capturing():
+            raise ValueError("the active ranks cannot change while a CUDA graph is captured: set them before the "
+                             "capture or before a replay (replays follow the set in force)")
+        shared.stream.order()
+        if shared.inactive & ~inactive:  # ranks come back
+            torch.cuda.synchronize(self.device)
+            mine = active_ranks.read_epoch(shared.tensor, self.comm.rank)
+            epochs = [int(blob) for blob in self.comm.allgather(str(mine).encode())]
+            latest = active_ranks.latest_epoch(epochs)
+            if latest != mine:
+                active_ranks.write_epoch(shared.tensor, self.comm.rank, latest)
+        active_ranks.write_inactive(shared.tensor, self.comm.rank, inactive)
+        shared.inactive = inactive
 
     def bind_stream(self, stream: Optional[torch.cuda.Stream]) -> None:
         self.check_alive()

@@ -48,7 +48,8 @@ class EagerCalls:
 
     def dispatch(self, topk_ids: torch.Tensor, payloads: Sequence[torch.Tensor], runtime_max: int, timeout_s: float,
                  quant_format: Optional[str] = None, global_scale: Optional[torch.Tensor | float] = None,
-                 swizzled_scales: bool = False, phase: int = 0) -> list[torch.Tensor]:
+                 swizzled_scales: bool = False, phase: int = 0,
+                 eplb_local_stats: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
         """Launches a dispatch (``phase`` 1: its send half) into the bound counts tensor; returns the receive views,
         made once per call shape (the C++ names the payloads' row shapes by an id, so they are not read here)."""
         code = 0 if quant_format is None else wire_format(quant_format, "quant_format").code
@@ -59,7 +60,7 @@ class EagerCalls:
             debug_check_ids(topk_ids, self.num_experts)
         try:
             shape_id = self._dispatch(topk_ids, payloads, runtime_max, timeout_s, code, global_scale,
-                                      swizzled_scales, phase)
+                                      swizzled_scales, phase, eplb_local_stats)
         except (TypeError, ValueError) as exc:  # refused before any launch
             check_dispatch_call(topk_ids, payloads, runtime_max, quant_format)  # a clearer message, if it has one
             raise type(exc)(str(exc)) from None

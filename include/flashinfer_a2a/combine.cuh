@@ -45,10 +45,11 @@ __device__ __forceinline__ void CopyRowAnyWidth(uint8_t* dst, const uint8_t* src
 // Grid completion of a publishing kernel, after each block's stores: the last block to arrive (which then sees every
 // block's rows at GPU scope) clears the count for the next combine and publishes this rank's epoch to every peer.
 // Returns whether this block was that one.
-__device__ __forceinline__ bool PublishIfLastBlock(const CombineParams& p, RankMetadata* meta, uint32_t epoch) {
+__device__ __forceinline__ bool PublishIfLastBlock(const CombineParams& p, RankMetadata* meta, uint32_t epoch,
+                                                   const RankMask& inactive) {
   if (!ArriveLastBlock(&meta->blocks_done)) return false;
   if (threadIdx.x == 0) meta->blocks_done = 0;
-  PublishCombineEpoch(p, epoch);
+  PublishCombineEpoch(p, epoch, inactive);
   return true;
 }
 
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
   if (start.fatal) return;  // set by earlier kernels only: all blocks agree
 
   if (!sends) {
-    WaitCombinePeers(p, meta, epoch);
+    WaitCombinePeers(p, meta, epoch, start.inactive);
     return;
   }
   if (p.fp8_wire) {
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePublishKernel(const
     }
   }
 
-  if (PublishIfLastBlock(p, meta, epoch) && waits) WaitCombinePeers(p, meta, epoch);
+  if (PublishIfLastBlock(p, meta, epoch, start.inactive) && waits) WaitCombinePeers(p, meta, epoch, start.inactive);
 }
 
 template <typename T, int kVec, int kVecs>
@@ -124,10 +125,10 @@ __global__ void __launch_bounds__(kFusedCombineMaxThreads, 1)
     __syncthreads();
     publishes = s_publisher;
   }
-  if (publishes) PublishCombineEpoch(p, epoch);
+  if (publishes) PublishCombineEpoch(p, epoch, start.inactive);
   // The barrier extends the acquires to the whole block: the peers' partials are visible to every warp. Nothing is
   // counted at the end: the next combine runs the epoch of the next dispatch.
-  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;
+  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch, start.inactive)) != 0;
   PullItems<T, kVec, kVecs>(p, failed, first_item, item_stride, &first_entry);
 }
 
@@ -151,8 +152,8 @@ __global__ void __launch_bounds__(kFusedFp8MaxWarps * 32)
   }
   __shared__ float s_scales[kFusedFp8MaxWarps][kFp8WireMaxCols];
   QuantizeRowsFp8<T>(p, s_scales[threadIdx.x / 32]);
-  PublishIfLastBlock(p, meta, start.epoch);
-  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, start.epoch)) != 0;
+  PublishIfLastBlock(p, meta, start.epoch, start.inactive);
+  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, start.epoch, start.inactive)) != 0;
   PullItemsFp8<T>(p, failed, first_item, item_stride);
 }
 

@@ -96,17 +96,20 @@ __device__ __forceinline__ void CopyRow(uint8_t* dst, const uint8_t* src, int64_
 // tokens 13.1 -> 11.6, 64 tokens 17.1 -> 15.7, 128 tokens 23.0 -> 21.5, 1024 tokens 99.7 -> 98.4. One block
 // releasing for the grid instead of every block was no faster (the cost is the barrier's own, not contention), nor
 // was fence.release.sys (the same MEMBAR.SYS).
-__device__ __forceinline__ void PublishCombineEpoch(const CombineParams& p, uint32_t epoch) {
+// Inactive ranks are neither told nor waited for.
+__device__ __forceinline__ void PublishCombineEpoch(const CombineParams& p, uint32_t epoch, const RankMask& inactive) {
   for (int r = threadIdx.x; r < p.ranks.ep_size; r += blockDim.x) {
-    StoreRelaxedSys(&p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank], epoch);
+    if (!inactive.Has(r)) StoreRelaxedSys(&p.ranks.Meta(r)->combine_signal[p.ranks.ep_rank], epoch);
   }
 }
 
 // Waits (bounded) until every peer has published `epoch`, recording a timeout per missing peer. Returns whether
 // one of this thread's peers timed out; the acquires cover only this thread until a barrier extends them.
-__device__ __forceinline__ bool WaitCombinePeers(const CombineParams& p, RankMetadata* meta, uint32_t epoch) {
+__device__ __forceinline__ bool WaitCombinePeers(const CombineParams& p, RankMetadata* meta, uint32_t epoch,
+                                                 const RankMask& inactive) {
   bool timed_out = false;
   for (int src = threadIdx.x; src < p.ranks.ep_size; src += blockDim.x) {
+    if (inactive.Has(src)) continue;
     if (!WaitUntil([&] { return EpochReached(LoadAcquireSys(&meta->combine_signal[src]), epoch); },
                    p.timeout_ns)) {
       RecordError(meta, ErrorCode::kTimeout, Phase::kCombine, src, epoch, 0);

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePushKernel(const __
   __shared__ bool s_publisher;
   if (threadIdx.x == 0) s_publisher = atomicExch(&meta->combine_published, epoch) != epoch;
   __syncthreads();
-  if (s_publisher) PublishCombineEpoch(p, epoch);  // before any push
+  if (s_publisher) PublishCombineEpoch(p, epoch, start.inactive);  // before any push
 
   if (warp < Wire::kPushWarps) {
     int max_rows = 0;  // most rows this rank computed for one peer
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kCombineThreads, 2) CombinePushKernel(const __
   }
 
   if (!ArriveLastBlock(&meta->blocks_done)) return;
-  WaitCombinePeers(p, meta, epoch);
+  WaitCombinePeers(p, meta, epoch, start.inactive);
   __syncthreads();
   if (threadIdx.x == 0) {
     meta->blocks_done = 0;

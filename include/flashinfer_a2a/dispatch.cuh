@@ -78,6 +78,9 @@ struct DispatchParams {
                         // kQuantPieceElems elements; row_bytes and recv_offset of payload 0 are unused)
   int64_t routing_offset;
   int32_t* recv_counts;  // [ep_size] out: tokens received from each source rank
+  const int32_t* eplb_local;  // [eplb_experts] int32 EPLB statistics sent to every active rank; null: none
+  int32_t eplb_experts;
+  int64_t eplb_offset;        // the EPLB region ([ep_size, kMaxEplbExperts] int32) within every rank's workspace
   uint64_t timeout_ns;
   uint64_t call_layout;  // fingerprint of this call's layout (workspace_layout.cuh), compared with every peer's
 
@@ -199,7 +202,7 @@ __device__ __forceinline__ void CopySmallRowsAnyWidth(const DispatchParams& p, c
 // Step 1: routing of this block's chunk [t0, t1). Returns, in s_chunk, how many of the chunk's tokens go to each rank.
 template <typename IdT>
 __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const ExpertPartition& part, uint32_t epoch,
-                                           int t0, int t1, int32_t* s_base, int32_t* s_chunk,
+                                           const RankMask& inactive, int t0, int t1, int32_t* s_base, int32_t* s_chunk,
                                            int32_t (*s_warp)[kMaxRanks], uint32_t (*s_ballot)[kMaxRanks]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ep_size = p.ranks.ep_size;
@@ -214,7 +217,7 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
   for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) s_chunk[r] = 0;
   __syncthreads();  // also publishes the partition's rank table
   for (int tile = 0; tile < first_tile; tile += kDispatchThreads) {
-    const RankMask mask = TokenRanks(ids, tile + threadIdx.x, p.top_k, part, nullptr, epoch);
+    const RankMask mask = TokenRanks(ids, tile + threadIdx.x, p.top_k, part, nullptr, epoch, inactive);
     for (int r = 0; r < ep_size; ++r) {
       const uint32_t bal = __ballot_sync(0xffffffffu, mask.Has(r));
       if (lane == 0) s_warp[warp][r] += __popc(bal);
@@ -235,7 +238,7 @@ __device__ __forceinline__ void RouteChunk(const DispatchParams& p, const Expert
     const int t = tile + threadIdx.x;
     const bool own = t >= t0 && t < t1;
     RankMask mask = {};
-    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch);
+    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch, inactive);
     const uint32_t own_lanes = __ballot_sync(0xffffffffu, own);
     for (int r = 0; r < ep_size; ++r) {
       const uint32_t bal = __ballot_sync(0xffffffffu, mask.Has(r));
@@ -308,13 +311,40 @@ __device__ __forceinline__ void ArriveAtRank(const DispatchParams& p, int r, int
   RedAddReleaseSys(&p.ranks.Meta(r)->dispatch_signal[p.ranks.ep_rank], Tagged(units, static_cast<uint32_t>(tokens)));
 }
 
-// Waits (bounded) until every peer's dispatch of `epoch` has arrived and writes the counts, zero for a peer that timed
-// out or disagrees on runtime_max or on the call's layout (recorded in the error word); clears each complete arrival
-// word. `call_layout` is this rank's. The checked words are loaded in the same poll as the arrival word, before its
-// acquire (which later loads would wait for), so a peer that has arrived costs no further round trip.
+// Block 0's stores to every active rank before the arrivals: this call's words, and this rank's EPLB statistics in
+// row ep_rank of the rank's EPLB region. This rank's own rows of inactive ranks are zeroed (no dispatch of theirs
+// writes them while inactive).
+__device__ __forceinline__ void PublishCallAndStatistics(const DispatchParams& p, uint32_t epoch,
+                                                         const RankMask& inactive) {
+  const int ep_size = p.ranks.ep_size;
+  for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
+    if (!inactive.Has(r)) PublishCallWords(p, r, epoch);
+  }
+  if (p.eplb_local == nullptr) return;
+  const int64_t row = static_cast<int64_t>(p.ranks.ep_rank) * kMaxEplbExperts;
+  for (int i = threadIdx.x; i < ep_size * p.eplb_experts; i += kDispatchThreads) {
+    const int r = i / p.eplb_experts, e = i % p.eplb_experts;
+    int32_t* own = reinterpret_cast<int32_t*>(p.ranks.Base(p.ranks.ep_rank) + p.eplb_offset);
+    if (inactive.Has(r)) {
+      own[static_cast<int64_t>(r) * kMaxEplbExperts + e] = 0;
+    } else {
+      reinterpret_cast<int32_t*>(p.ranks.Base(r) + p.eplb_offset)[row + e] = p.eplb_local[e];
+    }
+  }
+}
+
+// Waits (bounded) until every active peer's dispatch of `epoch` has arrived and writes the counts, zero for an
+// inactive peer (never waited for) and for one that timed out or disagrees on runtime_max or on the call's layout
+// (recorded in the error word); clears each complete arrival word. `call_layout` is this rank's. The checked words are
+// loaded in the same poll as the arrival word, before its acquire (which later loads would wait for), so a peer that
+// has arrived costs no further round trip.
 __device__ __forceinline__ void ReceiveDispatchCounts(const DispatchParams& p, RankMetadata* meta, uint32_t epoch,
-                                                      uint64_t call_layout) {
+                                                      uint64_t call_layout, const RankMask& inactive) {
   for (int src = threadIdx.x; src < p.ranks.ep_size; src += kDispatchThreads) {
+    if (inactive.Has(src)) {
+      p.recv_counts[src] = 0;
+      continue;
+    }
     PeerCall peer{};
     const bool arrived = WaitUntil(
         [&] {
@@ -373,15 +403,13 @@ __global__ void __launch_bounds__(kDispatchThreads, kBlocksPerSm)
   const int chunk = (p.num_tokens + gridDim.x - 1) / gridDim.x;
   const int t0 = min(p.num_tokens, static_cast<int>(blockIdx.x) * chunk);
   const int t1 = min(p.num_tokens, t0 + chunk);
-  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_chunk, s_warp, s_ballot);
+  RouteChunk<IdT>(p, part, epoch, start.inactive, t0, t1, s_base, s_chunk, s_warp, s_ballot);
   if (start.fatal) {
     if (blockIdx.x == 0)
       for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) p.recv_counts[r] = 0;
     return;
   }
-  if (blockIdx.x == 0) {
-    for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) PublishCallWords(p, r, epoch);
-  }
+  if (blockIdx.x == 0) PublishCallAndStatistics(p, epoch, start.inactive);
 
   // Step 2: copy. The routing entries this block wrote are visible to it after the barrier in RouteChunk.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -417,9 +445,11 @@ __global__ void __launch_bounds__(kDispatchThreads, kBlocksPerSm)
   // once a count with release semantics had seen every block, a second release after the first; 4 and 2 H100s, the
   // pair in the same run, this way 1.3-2.0 us less at 16 to 1024 tokens (0.2-0.3 us more at 1 token).
   __syncthreads();
-  for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) ArriveAtRank(p, r, s_chunk[r]);
+  for (int r = threadIdx.x; r < ep_size; r += kDispatchThreads) {
+    if (!start.inactive.Has(r)) ArriveAtRank(p, r, s_chunk[r]);
+  }
   if (!CountLastBlock</*kAcqRel=*/false>(&meta->blocks_done)) return;
-  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);
+  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout, start.inactive);
   __syncthreads();
   if (threadIdx.x == 0) {
     meta->blocks_done = 0;
@@ -440,7 +470,7 @@ __global__ void __launch_bounds__(kDispatchThreads) DispatchRecvKernel(const __g
   // The send already counted itself, and published its call layout to every rank, this one included.
   const int me = p.ranks.ep_rank;
   const PeerCall own{0, 0, LoadVolatile(&meta->peer_call_layout[me][0]), LoadVolatile(&meta->peer_call_layout[me][1])};
-  ReceiveDispatchCounts(p, meta, start.epoch, own.Layout());
+  ReceiveDispatchCounts(p, meta, start.epoch, own.Layout(), start.inactive);
 }
 
 // The most blocks a dispatch into format f runs: DispatchBlocksPerSm(f) per multiprocessor.

@@ -68,7 +68,7 @@ __device__ __forceinline__ void PackMaskPlanes(const NcclPackParams& p, const Ex
   const IdT* ids = static_cast<const IdT*>(p.topk_ids);
   for (int64_t t = first; t < p.wire.plane_stride; t += stride) {
     RankMask mask = {};
-    if (t < p.num_tokens) mask = TokenRanks(ids, t, p.top_k, part, nullptr, 0);
+    if (t < p.num_tokens) mask = TokenRanks(ids, t, p.top_k, part, nullptr, 0, RankMask{});
     for (int j = 0; j < p.wire.mask_planes; ++j) {
       p.send[j * p.wire.plane_stride + t] = static_cast<uint8_t>(mask.Word(8 * j) >> (8 * (j % 4)));
     }

@@ -61,35 +61,11 @@ __device__ __forceinline__ bool HasFatalError(const RankMetadata* meta) {
   return IsFatal(*reinterpret_cast<const volatile int32_t*>(&meta->error.code));
 }
 
-// What a kernel reads first: the epoch it runs and whether an earlier fatal error stops it. A dispatch (or its send
-// half) starts a new epoch, one past the last dispatch's; the receive half of a dispatch and a combine run the epoch
-// of the dispatch that ended before them. Both loads are issued before either is used.
-struct KernelStart {
-  uint32_t epoch;
-  bool fatal;
-};
-__device__ __forceinline__ KernelStart ReadKernelStart(const RankMetadata* meta, bool new_epoch) {
-  const uint32_t last = *reinterpret_cast<const volatile uint32_t*>(&meta->dispatch_epoch);
-  return {new_epoch ? last + 1 : last, HasFatalError(meta)};
-}
-
-// A word a peer stores as (epoch << 32) | value: read with no ordering, it is this call's exactly when its epoch is.
-__device__ __forceinline__ uint64_t Tagged(uint32_t epoch, uint32_t value) {
-  return (static_cast<uint64_t>(epoch) << 32) | value;
-}
-__device__ __forceinline__ uint32_t TagOf(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
-__device__ __forceinline__ uint32_t ValueOf(uint64_t word) { return static_cast<uint32_t>(word); }
-__device__ __forceinline__ uint64_t LoadVolatile(const uint64_t* addr) {
-  return *reinterpret_cast<const volatile uint64_t*>(addr);
-}
-__device__ __forceinline__ void StoreVolatile(uint64_t* addr, uint64_t value) {
-  *reinterpret_cast<volatile uint64_t*>(addr) = value;
-}
-
 // Set of ranks (bit r = rank r), enough words for kMaxRanks.
 constexpr int kRankMaskWords = (kMaxRanks + 31) / 32;
 // Words are picked with selects, never indexed at run time, so a mask stays in registers.
 static_assert(kRankMaskWords == 3, "RankMask::Word picks among three words");
+static_assert(sizeof(RankMetadata::inactive_ranks) == kRankMaskWords * sizeof(uint32_t), "one word per 32 ranks");
 struct RankMask {
   uint32_t words[kRankMaskWords];
   __device__ __forceinline__ uint32_t Word(int r) const { return r < 32 ? words[0] : r < 64 ? words[1] : words[2]; }
@@ -105,6 +81,35 @@ struct RankMask {
     }
   }
 };
+
+// What a kernel reads first: the epoch it runs, whether an earlier fatal error stops it, and the ranks outside the
+// active set (read here, not passed in, so that a graph replay follows the set in force). A dispatch (or its send
+// half) starts a new epoch, one past the last dispatch's; the receive half of a dispatch and a combine run the epoch
+// of the dispatch that ended before them. Every load is issued before any is used.
+struct KernelStart {
+  uint32_t epoch;
+  bool fatal;
+  RankMask inactive;
+};
+__device__ __forceinline__ KernelStart ReadKernelStart(const RankMetadata* meta, bool new_epoch) {
+  const volatile uint32_t* words = meta->inactive_ranks;
+  const uint32_t last = *reinterpret_cast<const volatile uint32_t*>(&meta->dispatch_epoch);
+  const RankMask inactive = {{words[0], words[1], words[2]}};
+  return {new_epoch ? last + 1 : last, HasFatalError(meta), inactive};
+}
+
+// A word a peer stores as (epoch << 32) | value: read with no ordering, it is this call's exactly when its epoch is.
+__device__ __forceinline__ uint64_t Tagged(uint32_t epoch, uint32_t value) {
+  return (static_cast<uint64_t>(epoch) << 32) | value;
+}
+__device__ __forceinline__ uint32_t TagOf(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+__device__ __forceinline__ uint32_t ValueOf(uint64_t word) { return static_cast<uint32_t>(word); }
+__device__ __forceinline__ uint64_t LoadVolatile(const uint64_t* addr) {
+  return *reinterpret_cast<const volatile uint64_t*>(addr);
+}
+__device__ __forceinline__ void StoreVolatile(uint64_t* addr, uint64_t value) {
+  *reinterpret_cast<volatile uint64_t*>(addr) = value;
+}
 
 // Expert -> owning rank for a contiguous partition where the first `num_experts % ep_size` ranks own one extra.
 // With a table (shared memory, filled by FillTable) a lookup replaces the integer divisions.
@@ -136,11 +141,12 @@ struct ExpertPartition {
 };
 static_assert(kMaxRanks <= 256, "ExpertPartition's table holds ranks as bytes");
 
-// The distinct ranks of token t's top-k experts. An id outside [-1, num_experts) is recorded as an error against
-// this rank (unless meta is null) and skipped: it is never routed anywhere.
+// The distinct ranks of token t's top-k experts, less the `inactive` ones (experts there are dropped, not moved). An
+// id outside [-1, num_experts) is recorded as an error against this rank (unless meta is null) and skipped: it is
+// never routed anywhere.
 template <typename IdT>
 __device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, int top_k, const ExpertPartition& part,
-                                               RankMetadata* meta, uint32_t epoch) {
+                                               RankMetadata* meta, uint32_t epoch, const RankMask& inactive) {
   RankMask mask = {};
   for (int k = 0; k < top_k; ++k) {
     const int64_t id = static_cast<int64_t>(topk_ids[t * top_k + k]);
@@ -150,7 +156,7 @@ __device__ __forceinline__ RankMask TokenRanks(const IdT* topk_ids, int64_t t, i
       continue;
     }
     const int r = part.RankOf(static_cast<int>(id));
-    mask.Add(r);
+    if (!inactive.Has(r)) mask.Add(r);
   }
   return mask;
 }

@@ -2,10 +2,12 @@
 //
 // Each rank owns one workspace of `bytes_per_rank` bytes, mapped into every peer's address space:
 //
-//   [ RankMetadata | push flags | routing record | dispatch receive region | combine region ]
+//   [ RankMetadata | EPLB statistics | push flags | routing record | dispatch receive region | combine region ]
 //
 // - RankMetadata: epochs, the grid-completion counter, the error record (written by this rank), and the signal
 //   slots peers store into (indexed by the writer's rank).
+// - EPLB statistics: [ep_size, kMaxEplbExperts] int32, row r the statistics rank r's last dispatch carried here
+//   (the first eplb_stats_num_experts of each row are used). A fixed width keeps the sizes of a workspace free of it.
 // - push flags: [ep_size, max_num_tokens] uint32, the epoch of the last pushed combine in which that rank landed
 //   its row for local token slot s here (see combine_push.cuh). Cleared with the metadata at initialization.
 // - routing record: [max_num_tokens, top_k] int32, written by this rank's dispatch and read by its combine. Entry
@@ -29,6 +31,7 @@ constexpr int kMaxRanks = 72;      // one GB200 NVL72 NVLink domain
 constexpr int kMaxTopK = 32;
 constexpr int kMaxPayloads = 8;
 constexpr int64_t kAlignBytes = 128;  // a full L2 line: peers' signal slots and regions never share one by accident
+constexpr int kMaxEplbExperts = 1024;  // EPLB statistics a dispatch carries per rank, at most
 constexpr int kRouteSlotBits = 24;    // slots < 2^24 tokens per rank; ranks < 2^7 in the bits above
 
 enum class ErrorCode : int32_t {
@@ -60,6 +63,10 @@ struct alignas(kAlignBytes) RankMetadata {
   uint32_t combine_published;                    // epoch a combine's claiming block has published to the peers
   uint32_t combine_claim;                        // rows claimed by the running pushed combine's pushers; 0 between
   uint32_t combine_reduce_claim;                 // token chunks claimed by its reducers; 0 between launches
+  // Ranks outside the active set (bit r = rank r), written by this rank's host between steps: no kernel sends to,
+  // signals or waits on them. Read by every kernel at its start, so a CUDA graph follows the set in force at replay.
+  // Zero (every rank active) after initialize.
+  uint32_t inactive_ranks[(kMaxRanks + 31) / 32];
   alignas(kAlignBytes) ErrorRecord error;
   // Written by peers, indexed by the writing rank.
   // The arrival word of that rank's running dispatch: its blocks add (1 << 32) | their tokens sent here, the first
@@ -108,6 +115,7 @@ struct WorkspaceConfig {
 
 struct WorkspaceLayout {
   int64_t metadata_offset;
+  int64_t eplb_offset;
   int64_t push_flags_offset;
   int64_t routing_offset;
   int64_t dispatch_offset;
@@ -118,7 +126,9 @@ struct WorkspaceLayout {
 inline WorkspaceLayout ComputeLayout(const WorkspaceConfig& c) {
   WorkspaceLayout l{};
   l.metadata_offset = 0;
-  l.push_flags_offset = AlignUp(static_cast<int64_t>(sizeof(RankMetadata)), kAlignBytes);
+  l.eplb_offset = AlignUp(static_cast<int64_t>(sizeof(RankMetadata)), kAlignBytes);
+  const int64_t eplb_bytes = c.ep_size * int64_t{kMaxEplbExperts} * static_cast<int64_t>(sizeof(int32_t));
+  l.push_flags_offset = AlignUp(l.eplb_offset + eplb_bytes, kAlignBytes);
   const int64_t push_flag_bytes = c.ep_size * c.max_num_tokens * static_cast<int64_t>(sizeof(uint32_t));
   l.routing_offset = AlignUp(l.push_flags_offset + push_flag_bytes, kAlignBytes);
   const int64_t routing_bytes = c.max_num_tokens * c.top_k * static_cast<int64_t>(sizeof(int32_t));
