@@ -52,7 +52,7 @@ def test_signatures_are_flashinfers():
         "runtime_max_tokens_per_rank", "hidden_size", "dtype"]
     assert _params(fi.moe_a2a_get_workspace_size_per_rank) == [
         "ep_size", "max_num_tokens", "total_dispatch_payload_size_per_token", "combine_payload_size_per_token",
-        "eplb_stats_num_experts"]
+        "eplb_stats_num_experts", "backend"]
     assert _params(fi.Mapping.__init__)[:3] == ["world_size", "rank", "gpus_per_node"]
 
 
@@ -157,15 +157,14 @@ def test_sizes_computed_by_hand():
     assert fi.split_workspace_size(default, 2, 64) == (1024 * 2 + 8 * 8, 1024 * 2)
 
 
-@pytest.mark.parametrize("kwargs, argument", [(dict(eplb_stats_num_experts=16), "eplb_stats_num_experts"),
-                                              (dict(enable_rank_mask=True), "enable_rank_mask")])
-def test_unsupported_constructor_arguments(kwargs, argument):
-    with pytest.raises(NotImplementedError, match=argument):
-        fi.MoeAlltoAll(fi.Mapping(), 16, 2, 4, hidden_size=256, **kwargs)
+def test_refused_constructor_arguments():
     with pytest.raises(ValueError, match="backend must be one of"):
         fi.MoeAlltoAll(fi.Mapping(), 16, 2, 4, hidden_size=256, backend="nccl")
-    with pytest.raises(NotImplementedError, match="eplb_stats_num_experts"):
-        fi.moe_a2a_get_workspace_size_per_rank(2, 16, 64, 64, eplb_stats_num_experts=4)
+    with pytest.raises(ValueError, match=r"eplb_stats_num_experts must be an int in \[0, 1024\]"):
+        fi.MoeAlltoAll(fi.Mapping(), 16, 2, 4, hidden_size=256, eplb_stats_num_experts=-1)
+    # every workspace has room for the EPLB statistics: the size does not grow with them
+    assert fi.moe_a2a_get_workspace_size_per_rank(2, 16, 64, 64, eplb_stats_num_experts=4) == \
+        fi.moe_a2a_get_workspace_size_per_rank(2, 16, 64, 64)
 
 
 @pytest.fixture
@@ -182,9 +181,9 @@ def test_unsupported_call_arguments_and_misuse_raise_before_any_launch(one_rank)
     a2a = one_rank
     ids = torch.zeros(4, 2, dtype=torch.int32)
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
-    for kwargs, argument in ((dict(eplb_local_stats=torch.zeros(4, dtype=torch.int32)), "eplb_local_stats"),
-                             (dict(active_rank_mask=torch.zeros(1, dtype=torch.int64)), "active_rank_mask")):
-        with pytest.raises(NotImplementedError, match=argument):
+    for kwargs, match in ((dict(eplb_local_stats=torch.zeros(4, dtype=torch.int32)), "eplb_stats_num_experts=0"),
+                          (dict(active_rank_mask=torch.zeros(1, dtype=torch.int64)), "requires enable_rank_mask")):
+        with pytest.raises(ValueError, match=match):  # the layer was built without them
             a2a.dispatch(ids, [x, ids], 16, **kwargs)
     with pytest.raises(ValueError, match="expert_id_payload_index is required"):
         a2a.dispatch(ids, [x, ids], 16, invalid_token_expert_id=-1)
@@ -200,10 +199,11 @@ def test_unsupported_call_arguments_and_misuse_raise_before_any_launch(one_rank)
     for kwargs, argument in ((dict(output_dtype=torch.float8_e4m3fn), "output_dtype"),
                              (dict(output_scales=torch.zeros(4, dtype=torch.uint8)), "output_scales"),
                              (dict(output_scalar_scale=0.5), "output_scalar_scale"),
-                             (dict(sf_layout=1), "sf_layout"),
-                             (dict(active_rank_mask=torch.zeros(1, dtype=torch.int64)), "active_rank_mask")):
+                             (dict(sf_layout=1), "sf_layout")):
         with pytest.raises(NotImplementedError, match=argument):
             a2a.combine(payload, 16, **kwargs)
+    with pytest.raises(ValueError, match="requires enable_rank_mask"):
+        a2a.combine(payload, 16, active_rank_mask=fi.moe_a2a_active_rank_mask([0], 1))
     with pytest.raises(TypeError, match="output_dtype must be a torch.dtype or None, got Tensor"):
         a2a.combine(payload, 16, False, torch.empty(4, 256, dtype=torch.bfloat16))  # output passed fourth
     with pytest.raises(ValueError, match="runtime_max_tokens_per_rank=8 differs from the pending dispatch's 16"):
