@@ -243,7 +243,7 @@ class MoeAlltoAll:
         :func:`flashinfer_a2a.functional.dispatch`); it then arrives as two views, values and scales.
         ``eplb_local_stats``: this rank's ``[eplb_stats_num_experts] int32`` EPLB statistics; every rank's are then in
         :attr:`eplb_gathered_stats`. ``active_ranks``: the active set from this step on (:meth:`set_active_ranks`;
-        None keeps the set in force).
+        None keeps the set in force; it may drop ranks, never take them back: :meth:`set_active_ranks`).
         """
         stats = self._eplb_stats(eplb_local_stats, active_ranks)
         result = self._transport.dispatch(topk_ids, payloads, self._runtime_max(runtime_max_tokens_per_rank),
@@ -324,10 +324,13 @@ class MoeAlltoAll:
         workspace, from the next dispatch on: tokens routed to the experts of other ranks are not sent and add
         nothing to combines, their receive counts are 0, and no kernel waits for them; ranks outside the set make no
         calls. Between a combine and the next dispatch, never during a CUDA-graph capture (graphs captured before
-        follow the set in force at replay). Dropping ranks takes no collective; a set that takes ranks back is
-        collective over the whole group, the returning ranks included (they take the epoch of the ranks that
-        stayed, after a host synchronisation). nvlink transport only."""
-        self._transport.set_active_ranks(ranks)
+        follow the set in force at replay). Dropping ranks takes no collective. ``None`` (every rank) is the way
+        back, collective over the whole group at one step, the returning ranks included: each synchronises its
+        stream, and a rank that missed steps takes the epoch of the ranks that stayed. nvlink transport only."""
+        if ranks is None or set(ranks) == set(range(self.ep_size)):
+            self._transport.set_active_ranks(None, restore=True)
+        else:
+            self._transport.set_active_ranks(ranks)
 
     @property
     def eplb_gathered_stats(self) -> Optional[torch.Tensor]:

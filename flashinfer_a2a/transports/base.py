@@ -30,8 +30,9 @@ class Transport(Protocol):
     def active_ranks(self) -> tuple[int, ...]:
         """The ranks taking part in the steps (flashinfer_a2a.library.active_ranks)."""
 
-    def set_active_ranks(self, ranks: Optional[Iterable[int]]) -> None:
-        """The active set from the next dispatch on (nvlink only)."""
+    def set_active_ranks(self, ranks: Optional[Iterable[int]], restore: bool = False) -> None:
+        """The active set from the next dispatch on (nvlink only); ``restore``: every rank's collective return to
+        the whole group (``ranks`` None)."""
 
     def dispatch_recv(self) -> tuple[list[torch.Tensor], torch.Tensor]: ...
 

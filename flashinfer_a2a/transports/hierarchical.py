@@ -435,8 +435,9 @@ class HierarchicalTransport:
 
     active_ranks = property(lambda self: tuple(range(self.comm.size)))
 
-    def set_active_ranks(self, ranks) -> None:
-        raise ValueError("active rank sets need transport='nvlink': NCCL's collectives between nodes take every rank")
+    def set_active_ranks(self, ranks, restore: bool = False) -> None:
+        if ranks is not None:  # every rank takes part, as ever
+            raise ValueError("active rank sets need transport='nvlink': NCCL's collectives between nodes take every rank")
 
     def workspace_breakdown(self) -> str:
         split = self.split

@@ -546,8 +546,9 @@ class NcclTransport:
 
     active_ranks = property(lambda self: tuple(range(self.ep_size)))
 
-    def set_active_ranks(self, ranks) -> None:
-        raise ValueError("active rank sets need transport='nvlink': NCCL's collectives take every rank")
+    def set_active_ranks(self, ranks, restore: bool = False) -> None:
+        if ranks is not None:  # every rank takes part, as ever
+            raise ValueError("active rank sets need transport='nvlink': NCCL's collectives take every rank")
 
     def bind_stream(self, stream: Optional[torch.cuda.Stream]) -> None:
         raise _nvlink_only("bind_stream")

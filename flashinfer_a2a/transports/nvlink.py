@@ -288,23 +288,32 @@ class NvlinkTransport:
     def active_ranks(self) -> tuple[int, ...]:
         return active_ranks.ranks_of(self.shared.inactive, self.comm.size)
 
-    def set_active_ranks(self, ranks: Optional[Iterable[int]]) -> None:
+    def set_active_ranks(self, ranks: Optional[Iterable[int]], restore: bool = False) -> None:
         """Makes ``ranks`` (None: every rank) the active set of the shared workspace from the next dispatch on
-        (:mod:`flashinfer_a2a.library.active_ranks`). A set that takes ranks back is collective over the whole group:
-        the returning ranks take the epoch of the ranks that stayed, after a host synchronisation."""
+        (:mod:`flashinfer_a2a.library.active_ranks`). ``restore``: the whole group's collective return to every
+        rank, which a returning rank cannot tell from its own state (it made no calls while out): every rank
+        synchronises, and a rank that missed steps takes the epoch of the ranks that stayed. Without it a set may
+        only drop ranks."""
         inactive = active_ranks.inactive_bits(ranks, self.comm.size, self.comm.rank)
         self.check_alive()
         shared = self.shared
-        if inactive == shared.inactive:
+        wanted = list(active_ranks.ranks_of(inactive, self.comm.size))
+        if restore and inactive:
+            raise ValueError(f"active ranks {wanted}: ranks come back to every rank of the group at once (None)")
+        back = active_ranks.ranks_of(shared.inactive & ~inactive, self.comm.size, invert=True)
+        if back and not restore:
+            raise ValueError(f"active ranks {wanted} take back ranks {list(back)}: ranks come back collectively, "
+                             "by MoeAlltoAll.set_active_ranks(None) on every rank at one step")
+        if inactive == shared.inactive and not restore:
             return
         if shared.pending is not None:
-            raise ValueError(f"active ranks {sorted(ranks)} differ from the pending dispatch's "
+            raise ValueError(f"active ranks {wanted} differ from the pending dispatch's "
                              f"{list(self.active_ranks)}: the set changes between a combine and the next dispatch")
         if torch.cuda.is_current_stream_capturing():
             raise ValueError("the active ranks cannot change while a CUDA graph is captured: set them before the "
                              "capture or before a replay (replays follow the set in force)")
         shared.stream.order()
-        if shared.inactive & ~inactive:  # ranks come back
+        if restore:
             torch.cuda.synchronize(self.device)
             mine = active_ranks.read_epoch(shared.tensor, self.comm.rank)
             epochs = [int(blob) for blob in self.comm.allgather(str(mine).encode())]
