@@ -336,7 +336,8 @@ class MoeAlltoAll:
     def eplb_gathered_stats(self) -> Optional[torch.Tensor]:
         """``[ep_size, eplb_stats_num_experts] int32``: every rank's EPLB statistics carried by the last dispatch
         given ``eplb_local_stats`` (row r: rank r's; 0 for a rank outside the active set), a view of the workspace
-        valid until the next dispatch; None if the last dispatch carried none."""
+        valid until this rank's combine (after it a peer's next dispatch may store its next statistics there);
+        None if the last dispatch carried none."""
         return self._eplb_gathered
 
     def _eplb_stats(self, stats: Optional[torch.Tensor], active_ranks: Optional[Iterable[int]]) -> Optional[torch.Tensor]:

@@ -208,7 +208,8 @@ def eplb_gathered_stats(workspace: torch.Tensor, ep_rank: int, config: Workspace
                         eplb_stats_num_experts: int) -> torch.Tensor:
     """The EPLB statistics a dispatch with ``eplb_local_stats`` gathered on rank ``ep_rank``: a
     ``[ep_size, eplb_stats_num_experts] int32`` view of its workspace (row r: rank r's statistics, 0 for an inactive
-    rank), valid until the next dispatch. Rows are ``MAX_EPLB_EXPERTS`` apart (not contiguous unless that many)."""
+    rank), valid until this rank's combine (a peer's next dispatch may land after it). Rows are
+    ``MAX_EPLB_EXPERTS`` apart (not contiguous unless that many)."""
     rows = workspace_view(workspace, ep_rank, _eplb_offset(), (config.ep_size, MAX_EPLB_EXPERTS), torch.int32)
     return rows[:, :eplb_stats_num_experts]
 

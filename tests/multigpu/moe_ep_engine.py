@@ -69,8 +69,8 @@ class Layer:
                                  eplb_local_stats=inputs.stats[self.index], active_rank_mask=mask)
         inputs.gathered[self.index].copy_(res.eplb_gathered_stats)
         inputs.counts[self.index].copy_(self.comm.recv_counts)
-        if keep is not None:
-            keep.append(res)
+        if keep is not None:  # copied now: after this rank's combine a peer's next dispatch may land in the view
+            keep.append(res.topk_ids.clone())
         scales = None if res.hidden_states_scale is None else res.hidden_states_scale.view(ep, batch, -1)
         rows = expert(res.hidden_states.view(ep, batch, -1), scales, res.topk_ids.view(ep, batch, TOP_K),
                       res.topk_weights.view(ep, batch, TOP_K))
@@ -163,8 +163,8 @@ def check(what: str, rank: int, inputs: Inputs, got: torch.Tensor, active: list[
         expected = torch.stack([inputs.every_rank[s][3][i] if s in active else
                                 torch.zeros(inputs.num_experts, dtype=torch.int32) for s in range(inputs.ep)])
         assert torch.equal(inputs.gathered[i].cpu(), expected), f"{what}: layer {i} EPLB statistics"
-    for i, res in enumerate(kept):  # eager steps: the received ids, padding rows invalid
-        got_ids = res.topk_ids.view(inputs.ep, inputs.batch, TOP_K).cpu()
+    for i, ids in enumerate(kept):  # eager steps: the received ids, padding rows invalid
+        got_ids = ids.view(inputs.ep, inputs.batch, TOP_K).cpu()
         valid = ref.valid_row_mask(dispatched[i].recv_counts[rank], inputs.batch)
         assert torch.equal(got_ids[valid], dispatched[i].recv_payloads[rank][-2][valid]), f"{what}: layer {i} ids"
         assert bool((got_ids[~valid] == -1).all()), f"{what}: layer {i} padding ids"
@@ -263,6 +263,7 @@ def flashinfer_072(comm) -> None:
         ids32 = inputs.ids.to(torch.int32)
         recv = moe.dispatch(ids32, [inputs.x, ids32, inputs.w], 8, invalid_token_expert_id=-1,
                             expert_id_payload_index=1, eplb_local_stats=inputs.stats[0], active_rank_mask=mask)
+        recv = [view.clone() for view in recv]  # after this rank's combine a peer's next dispatch may land there
         gathered = moe.eplb_gathered_stats.cpu()
         payload = moe.get_combine_payload_tensor_in_workspace(8, HIDDEN, BF16)
         payload.copy_(expert(recv[0], None, recv[1], recv[2]))
