@@ -100,7 +100,7 @@ def test_the_library_names_a_none_payload():
     workspace_ = F.empty_workspace(2, ws_bytes(), "cpu")
     with pytest.raises(TypeError, match=r"^payloads\[1\] must be a tensor, got None$"):
         get_a2a_module().dispatch(workspace_, ids(5, 4, device="cpu"), [rows(5, 8, device="cpu"), None],
-                                  counts(device="cpu"), 0, *SIZES.values(), 16, 8, 10.0, 0, None, False, 0, 0, False)
+                                  counts(device="cpu"), 0, *SIZES.values(), 16, 8, 10.0, 0, None, False, 0, 0, False, None)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -199,7 +199,7 @@ def test_quantizing_dispatch_and_fp8_combine_trace_fullgraph(fmt, swizzled):
     calls = {str(n.target): n for gm in captured for n in gm.graph.nodes if n.op == "call_function"}
     dispatch_args = calls["flashinfer_a2a.dispatch.default"].args
     # phase 0: whole; num_sms 0: all; one_gpu_per_rank False: ranks may share a GPU
-    assert dispatch_args[13:] == (wire.code, *dispatch_args[14:15], swizzled, 0, 0, False)
+    assert dispatch_args[13:] == (wire.code, *dispatch_args[14:15], swizzled, 0, 0, False, None)
     # quant_format fp8_block, combine_mode pull, phase 0, num_sms 0
     assert calls["flashinfer_a2a.combine.default"].args[13:] == (1, 0, 0, 0)
 

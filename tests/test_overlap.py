@@ -175,7 +175,7 @@ def _recording_moe(monkeypatch, cuda, comm_stream=True, **kwargs):
 
     def bind_eager_calls(workspace, recv_counts, ep_rank, sizes, num_experts, num_sms, one_gpu_per_rank=False):
         def dispatch(*call):
-            cuda.log.append(f"dispatch phase {call[-1]} on {_tvm_ffi_stream(cuda, call)}")
+            cuda.log.append(f"dispatch phase {call[7]} on {_tvm_ffi_stream(cuda, call)}")
             return 0
 
         def dispatch_recv(*call):

@@ -69,7 +69,7 @@ def test_phase_codes_and_schemas():
     dispatch = str(torch.ops.flashinfer_a2a.dispatch.default._schema)
     combine = str(torch.ops.flashinfer_a2a.combine.default._schema)
     recv = str(torch.ops.flashinfer_a2a.dispatch_recv.default._schema)
-    assert dispatch.endswith("int phase=0, int num_sms=0, bool one_gpu_per_rank=False) -> ()")
+    assert dispatch.endswith("int phase=0, int num_sms=0, bool one_gpu_per_rank=False, Tensor? eplb_local_stats=None) -> ()")
     assert combine.endswith("int phase=0, int num_sms=0) -> ()")
     # The receive half writes the counts and the workspace (its error record): both are declared mutated.
     assert "Tensor(a!) workspace, Tensor(b!) recv_counts" in recv
@@ -159,7 +159,7 @@ def test_moe_alltoall_checks_the_call_order_before_any_launch(monkeypatch):
     class Bound:  # the eager path's bound entry points, recording instead of launching
         def bind_dispatch(self, *args):
             num_sms = args[-1]
-            return lambda *call: launched.append(("dispatch", call[-1], num_sms)) or 0
+            return lambda *call: launched.append(("dispatch", call[7], num_sms)) or 0
 
         def bind_dispatch_recv(self, *args):
             return lambda *call: launched.append(("dispatch_recv",))

@@ -65,22 +65,22 @@ EDITS = [
     ("protocol.cuh", "}  // namespace flashinfer_a2a\n", HELPERS, ""),
     ("dispatch.cuh", "DispatchKernel(const __grid_constant__ DispatchParams p) {\n", "", "  STAMP(0);\n"),
     ("dispatch.cuh", "  __syncthreads();  // also publishes the partition's rank table\n", "", "  STAMP(1);\n"),
-    ("dispatch.cuh", "    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch);\n", "",
+    ("dispatch.cuh", "    if (t < t1) mask = TokenRanks(ids, t, p.top_k, part, own ? meta : nullptr, epoch, inactive);\n", "",
      "    if (threadIdx.x == 0 && mask.words[0] == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the ids\n"
      "    STAMP(2);\n"),
-    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, t0, t1, s_base, s_chunk, s_warp, s_ballot);\n", "",
+    ("dispatch.cuh", "  RouteChunk<IdT>(p, part, epoch, start.inactive, t0, t1, s_base, s_chunk, s_warp, s_ballot);\n", "",
      "  STAMP(3);\n  EARLIEST(8, StageStamps()[0]);\n"),
     ("dispatch.cuh", "  // Step 3: every block arrives at every rank",
      "  STAMP(4);\n  __syncthreads();\n  LATEST(9);\n", ""),
-    ("dispatch.cuh", "  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout);\n"
+    ("dispatch.cuh", "  if (p.phase != DispatchPhase::kSend) ReceiveDispatchCounts(p, meta, epoch, p.call_layout, start.inactive);\n"
      "  __syncthreads();\n", "", "  STAMP(6);\n  FlushStamps(p.ranks, epoch, 0, 7);\n"),
     ("combine.cuh", "CombineFusedKernel(const __grid_constant__ CombineParams p) {\n", "", "  STAMP(16);\n"),
     ("combine.cuh",
      "  const int32_t first_entry = PrefetchRoute<kVec, kVecs>(p, first_item, threadIdx.x % 32);  // own record\n",
      "", "  if (threadIdx.x == 0 && epoch == 0x7fffffffu) StageStamps()[31] = 1;  // waits for the epoch\n"
      "  STAMP(17);\n"),
-    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch);\n", "", "  STAMP(18);\n"),
-    ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch)) != 0;\n", "",
+    ("combine.cuh", "  if (publishes) PublishCombineEpoch(p, epoch, start.inactive);\n", "", "  STAMP(18);\n"),
+    ("combine.cuh", "  const bool failed = __syncthreads_or(WaitCombinePeers(p, meta, epoch, start.inactive)) != 0;\n", "",
      "  STAMP(19);\n  LATEST(12);\n"),
     ("combine.cuh", "  PullItems<T, kVec, kVecs>(p, failed, first_item, item_stride, &first_entry);\n", "",
      "  __syncthreads();\n  STAMP(20);\n  LATEST(11);\n"
