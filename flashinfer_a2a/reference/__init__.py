@@ -113,17 +113,6 @@ def rank_expert_range(rank: int, num_experts: int, ep_size: int) -> tuple[int, i
     return first, first + base + (1 if rank < rem else 0)
 
 
-def _expert_to_rank_unchecked(topk_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
-    ids = topk_ids.to(torch.int64)
-    base, rem = divmod(num_experts, ep_size)
-    # Experts below `split` live on the `rem` ranks that own base + 1 each; the rest on ranks that own base each.
-    split = rem * (base + 1)
-    big_rank = ids // (base + 1)
-    small_rank = rem + (ids - split) // max(base, 1)  # base == 0 implies split == num_experts: never selected
-    ranks = torch.where(ids < split, big_rank, small_rank)
-    return torch.where(ids < 0, torch.full_like(ranks, -1), ranks)
-
-
 def expert_to_rank(topk_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
     """Rank owning each expert id.
 
@@ -142,7 +131,14 @@ def expert_to_rank(topk_ids: torch.Tensor, num_experts: int, ep_size: int) -> to
     _check_ep_size(ep_size)
     _check_num_experts(num_experts)
     _check_topk_ids(topk_ids, num_experts, "topk_ids")
-    return _expert_to_rank_unchecked(topk_ids, num_experts, ep_size)
+    ids = topk_ids.to(torch.int64)
+    base, rem = divmod(num_experts, ep_size)
+    # Experts below `split` live on the `rem` ranks that own base + 1 each; the rest on ranks that own base each.
+    split = rem * (base + 1)
+    big_rank = ids // (base + 1)
+    small_rank = rem + (ids - split) // max(base, 1)  # base == 0 implies split == num_experts: never selected
+    ranks = torch.where(ids < split, big_rank, small_rank)
+    return torch.where(ids < 0, torch.full_like(ranks, -1), ranks)
 
 
 def token_rank_mask(topk_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
@@ -350,9 +346,7 @@ def reference_dispatch(
     _check_payloads(payloads, topk_ids)
     ep_size = len(topk_ids)
 
-    masks = _active_masks([
-        _rank_mask_from_ranks(_expert_to_rank_unchecked(ids, num_experts, ep_size), ep_size) for ids in topk_ids
-    ], active_ranks)
+    masks = _active_masks([token_rank_mask(ids, num_experts, ep_size) for ids in topk_ids], active_ranks)
     slots = [_slots_from_mask(mask) for mask in masks]
     sent = torch.stack([mask.sum(dim=0) for mask in masks])  # [src, dst] rows sent
     recv_counts = [sent[:, d].to(torch.int32).contiguous() for d in range(ep_size)]
@@ -361,14 +355,12 @@ def reference_dispatch(
 
 
 def _active_masks(masks: list[torch.Tensor], active_ranks: Sequence[int] | None) -> list[torch.Tensor]:
-    """Each rank's ``[num_tokens, ep_size]`` send mask with the ranks outside ``active_ranks`` cleared, as
-    destinations and as sources."""
+    """Each rank's send mask with the ranks outside ``active_ranks`` cleared, as destinations and sources."""
     if active_ranks is None:
         return masks
-    ep_size = len(masks)
-    if any(not 0 <= r < ep_size for r in active_ranks):
-        raise ValueError(f"active_ranks={list(active_ranks)} must be ranks in [0, {ep_size})")
-    active = torch.zeros(ep_size, dtype=torch.bool)
+    if any(not 0 <= r < len(masks) for r in active_ranks):
+        raise ValueError(f"active_ranks={list(active_ranks)} must be ranks in [0, {len(masks)})")
+    active = torch.zeros(len(masks), dtype=torch.bool)
     active[list(active_ranks)] = True
     return [m & active.to(m.device) if active[r] else torch.zeros_like(m) for r, m in enumerate(masks)]
 
@@ -409,8 +401,8 @@ def _routing_slots(
     if num_experts is None:
         raise ValueError("num_experts is required when routing is a list of topk_ids")
     _check_rank_lists(routing, num_experts, runtime_max)
-    masks = [token_rank_mask(ids, num_experts, len(routing)) for ids in routing]
-    return [_slots_from_mask(mask) for mask in _active_masks(masks, active_ranks)]
+    masks = _active_masks([token_rank_mask(ids, num_experts, len(routing)) for ids in routing], active_ranks)
+    return [_slots_from_mask(mask) for mask in masks]
 
 
 def _check_partials(partials: Sequence[torch.Tensor], ep_size: int) -> None:
